@@ -1,0 +1,246 @@
+//! Configuration: the module arguments (`bind= port= rx-size= comp-vector=`, the form
+//! the Valkey RDMA manual documents) and the core configs `rdma-bind`, `rdma-port`,
+//! `rdma-rx-size`, `rdma-completion-vector`. Pure: the server glue reads the core
+//! values with CONFIG GET and applies the result.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::protocol::{DEFAULT_RX_SIZE, MAX_RX_SIZE, MIN_RX_SIZE};
+
+/// What `loadmodule librdma.so ARGS…` asked for.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ModuleArgs {
+    pub bind: Vec<String>,
+    pub port: Option<u16>,
+    pub rx_size: Option<u32>,
+    pub comp_vector: Option<i32>,
+}
+
+/// The core configs as the server holds them after reading its configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreConfig {
+    pub bind: Vec<String>,
+    pub port: u16,
+    pub rx_size: u32,
+    pub comp_vector: i32,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig { bind: vec![], port: 0, rx_size: DEFAULT_RX_SIZE, comp_vector: -1 }
+    }
+}
+
+/// What the module runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub rx_size: u32,
+    /// `None`: a random vector per connection (`-1`).
+    pub comp_vector: Option<u32>,
+    /// Module arguments to apply through CONFIG SET (the core configs then show them).
+    pub set_bind: Option<String>,
+    pub set_port: Option<u16>,
+}
+
+const KEYS: &str = "bind=ADDR, port=N, rx-size=BYTES, comp-vector=N";
+
+/// Parses module arguments. `bind=` takes one or more addresses: `bind="a b"` as one
+/// argument, or `bind=a b` where the following arguments without `=` belong to it.
+pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, String> {
+    let mut out = ModuleArgs::default();
+    let mut in_bind = false;
+    for arg in args {
+        let arg = arg.as_ref().trim();
+        let Some((key, value)) = arg.split_once('=') else {
+            if in_bind && !arg.is_empty() {
+                out.bind.push(validate_bind(arg)?);
+                continue;
+            }
+            return Err(format!("module argument '{arg}' is not KEY=VALUE; known: {KEYS}"));
+        };
+        in_bind = false;
+        match key.to_ascii_lowercase().as_str() {
+            "bind" => {
+                for a in value.split_whitespace() {
+                    out.bind.push(validate_bind(a)?);
+                }
+                in_bind = true;
+            }
+            "port" => out.port = Some(parse_num(key, value, 0, 65535)? as u16),
+            "rx-size" | "rx_size" => {
+                out.rx_size = Some(parse_num(key, value, MIN_RX_SIZE as i64, MAX_RX_SIZE as i64)? as u32)
+            }
+            "comp-vector" | "comp_vector" => out.comp_vector = Some(parse_num(key, value, -1, 1024)? as i32),
+            _ => return Err(format!("unknown module argument '{key}'; known: {KEYS}")),
+        }
+    }
+    if out.bind.len() > crate::server::abi::CONFIG_BINDADDR_MAX {
+        return Err(format!("bind= names {} addresses; at most 16 are allowed", out.bind.len()));
+    }
+    Ok(out)
+}
+
+fn parse_num(key: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
+    let v = parse_memory(value).ok_or_else(|| format!("{key}={value} is not a number"))?;
+    if v < min || v > max {
+        return Err(format!("{key}={value} is out of range ({min}..={max})"));
+    }
+    Ok(v)
+}
+
+/// Numbers as valkey.conf writes them: `65536`, `64k`, `1mb`, `2gb` (1k = 1000,
+/// 1kb = 1024, as the server's memtoull).
+fn parse_memory(s: &str) -> Option<i64> {
+    let s = s.trim().to_ascii_lowercase();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '-')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: i64 = num.parse().ok()?;
+    let mul = match unit {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1024,
+        "m" => 1000 * 1000,
+        "mb" => 1024 * 1024,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    n.checked_mul(mul)
+}
+
+fn validate_bind(a: &str) -> Result<String, String> {
+    BindAddr::parse(a).map(|_| a.to_string())
+}
+
+/// One bind address as `bind`/`rdma-bind` take it: an IP literal, `*` (every IPv4
+/// address), `::*` (every IPv6 address), each optionally prefixed with `-` (skip it
+/// silently if it does not exist on this host), as for TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindAddr {
+    pub ip: IpAddr,
+    pub optional: bool,
+}
+
+impl BindAddr {
+    pub fn parse(s: &str) -> Result<BindAddr, String> {
+        let (optional, a) = match s.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let ip = match a {
+            "*" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            "::*" => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            _ => a.parse::<IpAddr>().map_err(|_| {
+                format!("bind address '{s}' is not an IP address (RDMA binds to IP literals, '*' or '::*', optionally prefixed with '-')")
+            })?,
+        };
+        Ok(BindAddr { ip, optional })
+    }
+
+    /// The listener's addresses; none configured means every address, as for TCP.
+    pub fn parse_list<S: AsRef<str>>(list: &[S]) -> Result<Vec<BindAddr>, String> {
+        if list.is_empty() {
+            return Ok(vec![BindAddr::parse("*")?, BindAddr::parse("-::*")?]);
+        }
+        list.iter().map(|s| BindAddr::parse(s.as_ref())).collect()
+    }
+}
+
+/// Combines module arguments with the core configs. A value given both ways must agree.
+pub fn merge(args: &ModuleArgs, core: &CoreConfig) -> Result<Settings, String> {
+    if let Some(p) = args.port {
+        if core.port != 0 && core.port != p {
+            return Err(format!("module argument port={p} conflicts with rdma-port {}: set only one of them", core.port));
+        }
+    }
+    if !args.bind.is_empty() && !core.bind.is_empty() && args.bind != core.bind {
+        return Err(format!(
+            "module argument bind={} conflicts with rdma-bind {}: set only one of them",
+            args.bind.join(" "),
+            core.bind.join(" ")
+        ));
+    }
+    let rx_size = match args.rx_size {
+        Some(v) if core.rx_size != DEFAULT_RX_SIZE && core.rx_size != v => {
+            return Err(format!("module argument rx-size={v} conflicts with rdma-rx-size {}: set only one of them", core.rx_size))
+        }
+        Some(v) => v,
+        None => core.rx_size,
+    };
+    let comp_vector = match args.comp_vector {
+        Some(v) if core.comp_vector != -1 && core.comp_vector != v => {
+            return Err(format!(
+                "module argument comp-vector={v} conflicts with rdma-completion-vector {}: set only one of them",
+                core.comp_vector
+            ))
+        }
+        Some(v) => v,
+        None => core.comp_vector,
+    };
+    Ok(Settings {
+        rx_size,
+        comp_vector: (comp_vector >= 0).then_some(comp_vector as u32),
+        set_bind: (!args.bind.is_empty() && args.bind != core.bind).then(|| args.bind.join(" ")),
+        set_port: args.port.filter(|&p| p != core.port),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_arguments_in_every_documented_form() {
+        let a = parse_module_args(&["bind=10.0.0.1", "10.0.0.2", "port=6379", "rx-size=1mb", "comp-vector=3"]).unwrap();
+        assert_eq!(a.bind, vec!["10.0.0.1", "10.0.0.2"]);
+        assert_eq!((a.port, a.rx_size, a.comp_vector), (Some(6379), Some(1 << 20), Some(3)));
+        let a = parse_module_args(&["bind=10.0.0.1 -::*", "bind=*"]).unwrap();
+        assert_eq!(a.bind, vec!["10.0.0.1", "-::*", "*"]);
+        assert_eq!(parse_module_args::<&str>(&[]).unwrap(), ModuleArgs::default());
+        assert_eq!(parse_module_args(&["rx-size=65536"]).unwrap().rx_size, Some(65536));
+    }
+
+    #[test]
+    fn bad_module_arguments_say_what_to_fix() {
+        for (args, needle) in [
+            (vec!["port=70000"], "out of range"),
+            (vec!["port=abc"], "not a number"),
+            (vec!["rx-size=1k"], "out of range"),
+            (vec!["rx-size=32mb"], "out of range"),
+            (vec!["comp-vector=-2"], "out of range"),
+            (vec!["speed=fast"], "unknown module argument"),
+            (vec!["6379"], "not KEY=VALUE"),
+            (vec!["bind=rdma-host.example"], "not an IP address"),
+        ] {
+            let e = parse_module_args(&args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+        let many: Vec<String> = (0..17).map(|i| format!("bind=10.0.0.{i}")).collect();
+        assert!(parse_module_args(&many).unwrap_err().contains("at most 16"));
+    }
+
+    #[test]
+    fn bind_addresses_follow_the_tcp_conventions() {
+        assert_eq!(BindAddr::parse("*").unwrap(), BindAddr { ip: Ipv4Addr::UNSPECIFIED.into(), optional: false });
+        assert_eq!(BindAddr::parse("-::*").unwrap(), BindAddr { ip: Ipv6Addr::UNSPECIFIED.into(), optional: true });
+        assert_eq!(BindAddr::parse("-10.1.2.3").unwrap().optional, true);
+        assert_eq!(BindAddr::parse_list::<&str>(&[]).unwrap().len(), 2);
+        assert!(BindAddr::parse("").is_err());
+    }
+
+    #[test]
+    fn module_arguments_and_core_configs_merge_or_conflict() {
+        let core = CoreConfig::default();
+        let s = merge(&parse_module_args(&["port=7000", "bind=10.0.0.1"]).unwrap(), &core).unwrap();
+        assert_eq!((s.set_port, s.set_bind.as_deref(), s.rx_size, s.comp_vector), (Some(7000), Some("10.0.0.1"), DEFAULT_RX_SIZE, None));
+        let core = CoreConfig { port: 6379, bind: vec!["10.0.0.1".into()], rx_size: 65536, comp_vector: 2 };
+        let s = merge(&ModuleArgs::default(), &core).unwrap();
+        assert_eq!((s.set_port, s.set_bind, s.rx_size, s.comp_vector), (None, None, 65536, Some(2)));
+        let same = merge(&parse_module_args(&["port=6379", "rx-size=65536"]).unwrap(), &core).unwrap();
+        assert_eq!(same.set_port, None, "agreeing values need no CONFIG SET");
+        for args in [vec!["port=7000"], vec!["bind=10.0.0.2"], vec!["rx-size=131072"], vec!["comp-vector=1"]] {
+            let e = merge(&parse_module_args(&args).unwrap(), &core).unwrap_err();
+            assert!(e.contains("conflicts") && e.contains("set only one"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+pub mod protocol;
+pub mod verbs;

@@ -1,0 +1,63 @@
+//! The Valkey Over RDMA protocol, pure: no syscalls, no `unsafe`, no verbs.
+//!
+//! Everything here is driven by the transport (`crate::transport`) or the client
+//! (`crate::client`) with plain values — a received 32-byte message, an immediate, a
+//! count of bytes the application consumed — and answers with plain values: a message to
+//! send, a window to write into, or a [`Violation`] that ends the connection. Two peers
+//! can therefore be driven against each other in memory (see the tests in `session.rs`).
+//!
+//! Specification: Valkey's `docs/rdma.md`/"Valkey Over RDMA" as implemented by
+//! `src/rdma.c` and `deps/libvalkey/src/rdma.c` (9.1.2); the section numbers quoted next
+//! to the code ("§5.2") refer to `research/valkey-conn-abi.md`, which transcribes them.
+
+pub mod control;
+pub mod session;
+pub mod window;
+
+pub use control::{ControlMessage, Opcode, CONTROL_MESSAGE_LEN};
+pub use session::{Session, SessionEvent};
+pub use window::{RxWindow, TxWindow};
+
+/// Work requests per queue (send and receive), as upstream (`VALKEY_RDMA_MAX_WQE`).
+pub const MAX_WQE: u32 = 1024;
+/// Keepalive period of the server (`VALKEY_RDMA_KEEPALIVE_MS`).
+pub const KEEPALIVE_MS: u64 = 3000;
+/// Default, smallest and largest RX buffer a server offers (`rdma-rx-size`).
+pub const DEFAULT_RX_SIZE: u32 = 1024 * 1024;
+pub const MIN_RX_SIZE: u32 = 64 * 1024;
+pub const MAX_RX_SIZE: u32 = 16 * 1024 * 1024;
+/// The largest RX buffer we accept from a peer: a peer announcing more would make us
+/// pin that much memory for its TX buffer. Upstream clients announce 1 MiB.
+pub const MAX_PEER_RX_SIZE: u32 = MAX_RX_SIZE;
+
+/// A peer broke the protocol. The connection is closed with one log line naming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A SEND whose length is not 32 bytes (§5.2 "Control messages").
+    BadControlLength(u32),
+    /// An opcode outside 0..=3.
+    UnknownOpcode(u16),
+    /// GetServerFeature sent to a client, or another server-only message.
+    UnexpectedOpcode(Opcode),
+    /// RegisterXferMemory with a length of zero or above [`MAX_PEER_RX_SIZE`].
+    BadRegisterLength(u32),
+    /// RDMA_WRITE_WITH_IMM whose byte count overruns the RX buffer we offered.
+    RxOverrun { offset: u32, imm: u32, len: u32 },
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Violation::BadControlLength(n) => write!(f, "control message of {n} bytes (expected 32)"),
+            Violation::UnknownOpcode(op) => write!(f, "unknown control opcode {op}"),
+            Violation::UnexpectedOpcode(op) => write!(f, "unexpected control message {op:?}"),
+            Violation::BadRegisterLength(n) => {
+                write!(f, "RegisterXferMemory with length {n} (allowed 1..={MAX_PEER_RX_SIZE})")
+            }
+            Violation::RxOverrun { offset, imm, len } => write!(
+                f,
+                "RDMA write of {imm} bytes at offset {offset} overruns the {len}-byte RX buffer"
+            ),
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! One connection's verbs resources, the same for the server and the client side:
+//! protection domain, completion channel + one CQ for sends and receives, an RC queue
+//! pair on the rdma_cm id, the control-message slots, the RX buffer and (once the peer
+//! has registered its RX buffer) the TX buffer (§5.2 "Per connection").
+
+use std::ffi::c_void;
+use std::mem::ManuallyDrop;
+
+use rdma_sys::*;
+
+use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
+use super::{Result, VerbsError};
+use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN, MAX_WQE};
+
+/// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
+pub const RX_SLOTS: usize = MAX_WQE as usize;
+/// Send slots for control messages (upstream: the upper half of one 2048-slot array).
+const TX_SLOTS: usize = MAX_WQE as usize;
+/// Data writes are signalled at least this often, so that completions keep telling us
+/// how much of the send queue is free (upstream: every 512th, rdma.c:1324).
+const SIGNAL_EVERY: u32 = 256;
+/// Send-queue entries kept free for control messages (RegisterXferMemory, Keepalive).
+const SQ_RESERVED_FOR_CONTROL: u64 = 64;
+
+const WRID_CONTROL: u64 = 1 << 10;
+const WRID_SLOT_MASK: u64 = (1 << 10) - 1;
+const WRID_SEQ_SHIFT: u32 = 11;
+
+pub struct EndpointConfig {
+    pub rx_size: u32,
+    /// `None`: pick one at random; `Some(n)`: n modulo the device's vectors.
+    pub comp_vector: Option<u32>,
+}
+
+/// What one completion meant, after the endpoint did its own bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// A SEND arrived: `len` bytes (anything but 32 is the peer's violation).
+    Control { bytes: [u8; CONTROL_MESSAGE_LEN], len: u32 },
+    /// An RDMA_WRITE_WITH_IMM landed in our RX buffer; `imm` is its byte count.
+    Data { imm: u32 },
+    /// A work request failed (flush after a disconnect, remote access error, …).
+    Failed { status: u32, vendor_err: u32 },
+}
+
+pub struct Endpoint {
+    id: ManuallyDrop<CmId>,
+    pd: *mut ibv_pd,
+    comp_channel: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    ctrl_buf: PinnedBuffer,
+    ctrl_mr: *mut ibv_mr,
+    rx_buf: PinnedBuffer,
+    rx_mr: *mut ibv_mr,
+    tx_buf: Option<PinnedBuffer>,
+    tx_mr: *mut ibv_mr,
+    free_tx_slots: Vec<u16>,
+    /// Work requests posted to / known completed on the send queue. An RC send queue
+    /// completes in order, so a signalled completion also completes all before it.
+    sq_posted: u64,
+    sq_completed: u64,
+    unsignaled_run: u32,
+    comp_vector: i32,
+}
+
+// SAFETY: the raw pointers are verbs objects owned by this struct; the verbs library is
+// thread-safe per object, and the owner serialises all use behind one lock.
+unsafe impl Send for Endpoint {}
+
+impl Endpoint {
+    /// Builds the resources on `id`, whose device is known (after CONNECT_REQUEST on
+    /// the server, after ROUTE_RESOLVED on the client), and posts every receive.
+    pub fn new(id: CmId, cfg: &EndpointConfig) -> Result<Endpoint> {
+        let l = loaded();
+        let verbs = id.raw().verbs;
+        if verbs.is_null() {
+            return Err(VerbsError::with("rdma_cm id without a device", libc::ENODEV));
+        }
+        let mut ep = Endpoint {
+            id: ManuallyDrop::new(id),
+            pd: std::ptr::null_mut(),
+            comp_channel: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            ctrl_buf: PinnedBuffer::new((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN)?,
+            ctrl_mr: std::ptr::null_mut(),
+            rx_buf: PinnedBuffer::new(cfg.rx_size as usize)?,
+            rx_mr: std::ptr::null_mut(),
+            tx_buf: None,
+            tx_mr: std::ptr::null_mut(),
+            free_tx_slots: (0..TX_SLOTS as u16).rev().collect(),
+            sq_posted: 0,
+            sq_completed: 0,
+            unsignaled_run: 0,
+            comp_vector: 0,
+        };
+        // SAFETY: `verbs` is the live device context of the id. Every object created
+        // here is stored in `ep` at once, so Drop releases whatever was made before a
+        // failure, in reverse order.
+        unsafe {
+            ep.pd = (l.ibv_alloc_pd)(verbs);
+            if ep.pd.is_null() {
+                return Err(VerbsError::last("ibv_alloc_pd"));
+            }
+            ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
+            if ep.comp_channel.is_null() {
+                return Err(VerbsError::last("ibv_create_comp_channel"));
+            }
+            set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with("fcntl(O_NONBLOCK)", e))?;
+            let vectors = (*verbs).num_comp_vectors.max(1) as u32;
+            ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
+            ep.cq = (l.ibv_create_cq)(verbs, (RX_SLOTS + TX_SLOTS) as i32, std::ptr::null_mut(), ep.comp_channel, ep.comp_vector);
+            if ep.cq.is_null() {
+                return Err(VerbsError::last("ibv_create_cq"));
+            }
+            let mut attr: ibv_qp_init_attr = std::mem::zeroed();
+            attr.send_cq = ep.cq;
+            attr.recv_cq = ep.cq;
+            attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+            attr.cap.max_send_wr = MAX_WQE;
+            attr.cap.max_recv_wr = MAX_WQE;
+            attr.cap.max_send_sge = 1;
+            attr.cap.max_recv_sge = 1;
+            if (l.rdma_create_qp)(ep.id.as_ptr(), ep.pd, &mut attr) != 0 {
+                return Err(VerbsError::last("rdma_create_qp"));
+            }
+            ep.ctrl_mr = ep.register(ep.ctrl_buf.as_ptr(), ep.ctrl_buf.len(), ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32)?;
+            ep.rx_mr = ep.register(ep.rx_buf.as_ptr(), cfg.rx_size as usize, remote_access())?;
+        }
+        for slot in 0..RX_SLOTS {
+            ep.post_recv(slot)?;
+        }
+        // SAFETY: the CQ is live; arm it so the channel fd signals the next completion.
+        if unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
+            return Err(VerbsError::last("ibv_req_notify_cq"));
+        }
+        Ok(ep)
+    }
+
+    unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
+        let mr = (loaded().ibv_reg_mr)(self.pd, addr.cast(), len, access);
+        if mr.is_null() {
+            // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
+            return Err(VerbsError::last("ibv_reg_mr"));
+        }
+        Ok(mr)
+    }
+
+    pub fn id(&self) -> &CmId {
+        &self.id
+    }
+    /// The completion channel's fd: readable when a completion is due.
+    pub fn comp_fd(&self) -> i32 {
+        // SAFETY: the channel is live while self is.
+        unsafe { (*self.comp_channel).fd }
+    }
+    pub fn comp_vector(&self) -> i32 {
+        self.comp_vector
+    }
+    pub fn rx_addr(&self) -> u64 {
+        self.rx_buf.as_ptr() as u64
+    }
+    pub fn rx_key(&self) -> u32 {
+        // SAFETY: the MR is live while self is.
+        unsafe { (*self.rx_mr).rkey }
+    }
+    pub fn rx_len(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.rx_mr).length as u32 }
+    }
+    /// The RX buffer's bytes. Only the range the protocol reports as written is
+    /// meaningful; the NIC writes elsewhere only beyond it.
+    pub fn rx_bytes(&self) -> &[u8] {
+        &self.rx_buf.as_slice()[..self.rx_len() as usize]
+    }
+
+    fn post_recv(&mut self, slot: usize) -> Result<()> {
+        let mut sge = ibv_sge {
+            // SAFETY: slot < RX_SLOTS, inside the control buffer.
+            addr: unsafe { self.ctrl_buf.as_ptr().add(slot * CONTROL_MESSAGE_LEN) } as u64,
+            length: CONTROL_MESSAGE_LEN as u32,
+            // SAFETY: the MR is live.
+            lkey: unsafe { (*self.ctrl_mr).lkey },
+        };
+        let mut wr = ibv_recv_wr { wr_id: slot as u64, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; `wr` and `sge` are valid for the call, and the slot
+        // memory stays registered until the QP is destroyed.
+        if unsafe { ibv_post_recv(self.qp(), &mut wr, &mut bad) } != 0 {
+            return Err(VerbsError::last("ibv_post_recv"));
+        }
+        Ok(())
+    }
+
+    fn qp(&self) -> *mut ibv_qp {
+        self.id.raw().qp
+    }
+
+    fn sq_room(&self) -> u64 {
+        MAX_WQE as u64 - (self.sq_posted - self.sq_completed)
+    }
+
+    fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {
+        let seq = self.sq_posted;
+        self.unsignaled_run += 1;
+        let signal = always_signal || self.unsignaled_run >= SIGNAL_EVERY || self.sq_room() <= SQ_RESERVED_FOR_CONTROL;
+        if signal {
+            wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            self.unsignaled_run = 0;
+        }
+        wr.wr_id = (seq << WRID_SEQ_SHIFT) | slot_tag;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is live; the WR's scatter list points into registered memory
+        // that outlives the work request (freed only with the endpoint).
+        if unsafe { ibv_post_send(self.qp(), wr, &mut bad) } != 0 {
+            return Err(VerbsError::last("ibv_post_send"));
+        }
+        self.sq_posted += 1;
+        Ok(())
+    }
+
+    /// Sends a control message (IBV_WR_SEND, signalled so the slot comes back).
+    pub fn post_control(&mut self, msg: &ControlMessage) -> Result<()> {
+        if self.sq_room() == 0 {
+            return Err(VerbsError::with("control send: send queue full", libc::ENOBUFS));
+        }
+        let slot = self.free_tx_slots.pop().ok_or(VerbsError::with("control send: no free slot", libc::ENOBUFS))? as usize;
+        let off = (RX_SLOTS + slot) * CONTROL_MESSAGE_LEN;
+        // SAFETY: the slot is ours (taken from the free list) until its completion.
+        unsafe { self.ctrl_buf.as_mut_slice()[off..off + CONTROL_MESSAGE_LEN].copy_from_slice(&msg.encode()) };
+        let mut sge = ibv_sge {
+            // SAFETY: inside the control buffer.
+            addr: unsafe { self.ctrl_buf.as_ptr().add(off) } as u64,
+            length: CONTROL_MESSAGE_LEN as u32,
+            // SAFETY: the MR is live.
+            lkey: unsafe { (*self.ctrl_mr).lkey },
+        };
+        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        self.post_send(&mut wr, WRID_CONTROL | slot as u64, true).inspect_err(|_| self.free_tx_slots.push(slot as u16))
+    }
+
+    /// Makes sure the TX buffer has `len` bytes (the peer's RX buffer size).
+    pub fn ensure_tx(&mut self, len: u32) -> Result<()> {
+        if self.tx_buf.as_ref().is_some_and(|b| b.len() >= len as usize) && !self.tx_mr.is_null() {
+            return Ok(());
+        }
+        self.release_tx();
+        let buf = PinnedBuffer::new(len as usize)?;
+        // SAFETY: the buffer is live and owned by self from here on.
+        self.tx_mr = unsafe { self.register(buf.as_ptr(), buf.len(), remote_access())? };
+        self.tx_buf = Some(buf);
+        Ok(())
+    }
+
+    fn release_tx(&mut self) {
+        if !self.tx_mr.is_null() {
+            // SAFETY: the MR is live; writes from it were delivered (the peer only
+            // re-registers after consuming all of them).
+            unsafe { (loaded().ibv_dereg_mr)(self.tx_mr) };
+            self.tx_mr = std::ptr::null_mut();
+        }
+        self.tx_buf = None;
+    }
+
+    /// Whether the send queue can take a data write now.
+    pub fn can_write(&self) -> bool {
+        self.sq_room() > SQ_RESERVED_FOR_CONTROL
+    }
+
+    /// Copies `parts` into the TX buffer at `offset` and posts one
+    /// RDMA_WRITE_WITH_IMM of their total length to `remote_addr + offset`.
+    pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], remote_addr: u64, rkey: u32) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("write before RegisterXferMemory", libc::ENOTCONN))?;
+        let mut at = offset as usize;
+        if at + total > buf.len() {
+            return Err(VerbsError::with("write past the TX buffer", libc::EINVAL));
+        }
+        // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
+        // work request still reads it (the window only reopens after the peer consumed).
+        let dst = unsafe { buf.as_mut_slice() };
+        for p in parts {
+            dst[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        let mut sge = ibv_sge {
+            // SAFETY: inside the TX buffer (checked above).
+            addr: unsafe { buf.as_ptr().add(offset as usize) } as u64,
+            length: total as u32,
+            // SAFETY: the MR is live.
+            lkey: unsafe { (*self.tx_mr).lkey },
+        };
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data_invalidated_rkey_union.imm_data = (total as u32).to_be();
+        wr.wr.rdma = rdma_t { remote_addr: remote_addr + offset as u64, rkey };
+        self.post_send(&mut wr, 0, false)
+    }
+
+    /// Consumes a pending notification of the completion channel (if any), re-arms
+    /// the CQ and polls it empty, handing each completion that concerns the protocol
+    /// to `f`. Receives are re-posted and send slots recycled here.
+    pub fn poll(&mut self, mut f: impl FnMut(Completion)) -> Result<()> {
+        let l = loaded();
+        let mut ev_cq = std::ptr::null_mut();
+        let mut ev_ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the channel is non-blocking; an event, if returned, is acked once.
+        if unsafe { (l.ibv_get_cq_event)(self.comp_channel, &mut ev_cq, &mut ev_ctx) } == 0 {
+            // SAFETY: one ack for the one event just taken, before re-arming.
+            unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
+        }
+        // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
+        if unsafe { ibv_req_notify_cq(self.cq, 0) } != 0 {
+            return Err(VerbsError::last("ibv_req_notify_cq"));
+        }
+        // SAFETY: all-zero is a valid ibv_wc (plain integers).
+        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: `wcs` has room for 32 entries.
+            let n = unsafe { ibv_poll_cq(self.cq, wcs.len() as i32, wcs.as_mut_ptr()) };
+            if n < 0 {
+                return Err(VerbsError::with("ibv_poll_cq", libc::EIO));
+            }
+            for wc in &wcs[..n as usize] {
+                self.complete(wc, &mut f)?;
+            }
+            if (n as usize) < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn complete(&mut self, wc: &ibv_wc, f: &mut impl FnMut(Completion)) -> Result<()> {
+        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            f(Completion::Failed { status: wc.status, vendor_err: wc.vendor_err });
+            return Ok(());
+        }
+        match wc.opcode {
+            ibv_wc_opcode::IBV_WC_RECV => {
+                let slot = (wc.wr_id & WRID_SLOT_MASK) as usize;
+                let off = slot * CONTROL_MESSAGE_LEN;
+                let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
+                bytes.copy_from_slice(&self.ctrl_buf.as_slice()[off..off + CONTROL_MESSAGE_LEN]);
+                self.post_recv(slot)?;
+                f(Completion::Control { bytes, len: wc.byte_len });
+            }
+            ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
+                self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
+                // SAFETY: for this opcode the union holds the immediate.
+                let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+                f(Completion::Data { imm });
+            }
+            ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
+                self.sq_completed = self.sq_completed.max((wc.wr_id >> WRID_SEQ_SHIFT) + 1);
+                if wc.wr_id & WRID_CONTROL != 0 {
+                    self.free_tx_slots.push((wc.wr_id & WRID_SLOT_MASK) as u16);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Starts an orderly disconnect (the peer sees DISCONNECTED).
+    pub fn disconnect(&self) {
+        self.id.disconnect();
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let l = loaded();
+        // SAFETY: teardown in reverse order of creation. The QP is destroyed with the
+        // id (CmId's Drop) before the CQ, MRs and PD it uses; nothing is used after.
+        unsafe {
+            ManuallyDrop::drop(&mut self.id);
+            self.release_tx();
+            for mr in [self.rx_mr, self.ctrl_mr] {
+                if !mr.is_null() {
+                    (l.ibv_dereg_mr)(mr);
+                }
+            }
+            if !self.cq.is_null() {
+                (l.ibv_destroy_cq)(self.cq);
+            }
+            if !self.comp_channel.is_null() {
+                (l.ibv_destroy_comp_channel)(self.comp_channel);
+            }
+            if !self.pd.is_null() {
+                (l.ibv_dealloc_pd)(self.pd);
+            }
+        }
+    }
+}
+
+fn remote_access() -> i32 {
+    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+        | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as i32
+}
+
+/// A cheap per-process random number for spreading connections over vectors.
+fn random_u32() -> u32 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut x = STATE.load(Ordering::Relaxed);
+    if x == 0 {
+        x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    (x >> 32) as u32
+}

@@ -1,0 +1,366 @@
+//! RAII owners for rdma_cm and verbs objects. Each `Drop` calls the matching destroy
+//! function; each constructor returns a [`VerbsError`] carrying errno on failure.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+
+use rdma_sys::*;
+
+use super::{lib, Lib, Result, VerbsError};
+
+/// The loaded libraries. Only called by owners that exist, which proves loading worked.
+pub(super) fn loaded() -> &'static Lib {
+    lib().expect("verbs objects exist only after the libraries were loaded")
+}
+
+fn not_loaded(what: &'static str) -> VerbsError {
+    VerbsError::with(what, libc::ELIBACC)
+}
+
+/// An rdma_cm event channel: a non-blocking fd that becomes readable when CM events
+/// (connect requests, ESTABLISHED, DISCONNECTED, …) are queued.
+pub struct EventChannel(NonNull<rdma_event_channel>);
+
+// SAFETY: an event channel is a kernel fd plus plain data; librdmacm allows its use
+// from any thread, and we never use one from two threads at once.
+unsafe impl Send for EventChannel {}
+unsafe impl Sync for EventChannel {}
+
+impl EventChannel {
+    pub fn new() -> Result<Self> {
+        let l = lib().map_err(|_| not_loaded("rdma_create_event_channel"))?;
+        // SAFETY: no arguments; a NULL return is handled.
+        let ch = NonNull::new(unsafe { (l.rdma_create_event_channel)() })
+            .ok_or_else(|| VerbsError::last("rdma_create_event_channel"))?;
+        let ch = EventChannel(ch);
+        set_nonblocking(ch.fd()).map_err(|e| VerbsError::with("fcntl(O_NONBLOCK)", e))?;
+        Ok(ch)
+    }
+    pub fn fd(&self) -> i32 {
+        // SAFETY: the channel is live while self is.
+        unsafe { self.0.as_ref().fd }
+    }
+    pub fn as_ptr(&self) -> *mut rdma_event_channel {
+        self.0.as_ptr()
+    }
+    /// The next queued event, or `None` when there is none (EAGAIN).
+    pub fn next_event(&self) -> Result<Option<CmEvent>> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: the channel is live; `ev` receives an event we must ack (CmEvent does).
+        if unsafe { (loaded().rdma_get_cm_event)(self.as_ptr(), &mut ev) } != 0 {
+            let e = VerbsError::last("rdma_get_cm_event");
+            return if e.errno == libc::EAGAIN { Ok(None) } else { Err(e) };
+        }
+        Ok(NonNull::new(ev).map(CmEvent))
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: every id on this channel was destroyed first (owners of ids keep
+        // their channel alive by construction order); the pointer is not used again.
+        unsafe { (loaded().rdma_destroy_event_channel)(self.0.as_ptr()) }
+    }
+}
+
+/// A received CM event; acknowledged when dropped. Copy what you need out of it and
+/// drop it before destroying or migrating its id: librdmacm waits for the ack there.
+pub struct CmEvent(NonNull<rdma_cm_event>);
+
+impl CmEvent {
+    pub fn kind(&self) -> rdma_cm_event_type::Type {
+        // SAFETY: the event is live until acked in drop.
+        unsafe { self.0.as_ref().event }
+    }
+    pub fn status(&self) -> i32 {
+        // SAFETY: as above.
+        unsafe { self.0.as_ref().status }
+    }
+    pub fn id(&self) -> *mut rdma_cm_id {
+        // SAFETY: as above.
+        unsafe { self.0.as_ref().id }
+    }
+    pub fn listen_id(&self) -> *mut rdma_cm_id {
+        // SAFETY: as above.
+        unsafe { self.0.as_ref().listen_id }
+    }
+    pub fn name(&self) -> String {
+        event_name(self.kind())
+    }
+}
+
+pub fn event_name(kind: rdma_cm_event_type::Type) -> String {
+    // SAFETY: rdma_event_str returns a static string for any value.
+    unsafe { std::ffi::CStr::from_ptr((loaded().rdma_event_str)(kind)).to_string_lossy().into_owned() }
+}
+
+impl Drop for CmEvent {
+    fn drop(&mut self) {
+        // SAFETY: each event is acked exactly once, here.
+        unsafe { (loaded().rdma_ack_cm_event)(self.0.as_ptr()) };
+    }
+}
+
+/// An rdma_cm identifier (a listener or one connection's endpoint). Destroys its QP, if
+/// one was created on it, and then itself.
+pub struct CmId(NonNull<rdma_cm_id>);
+
+// SAFETY: see EventChannel; the id is only used by its owner.
+unsafe impl Send for CmId {}
+unsafe impl Sync for CmId {}
+
+impl CmId {
+    pub fn new(channel: &EventChannel, context: *mut c_void) -> Result<Self> {
+        let mut id = std::ptr::null_mut();
+        // SAFETY: the channel is live; `id` receives a new id owned by the result.
+        if unsafe { (loaded().rdma_create_id)(channel.as_ptr(), &mut id, context, rdma_port_space::RDMA_PS_TCP) } != 0 {
+            return Err(VerbsError::last("rdma_create_id"));
+        }
+        NonNull::new(id).map(CmId).ok_or_else(|| VerbsError::with("rdma_create_id", libc::EINVAL))
+    }
+    /// Takes ownership of an id the CM created (the `id` of a CONNECT_REQUEST).
+    ///
+    /// # Safety
+    /// `id` must be a live id that nobody else will destroy.
+    pub unsafe fn from_raw(id: *mut rdma_cm_id) -> Option<Self> {
+        NonNull::new(id).map(CmId)
+    }
+    pub fn as_ptr(&self) -> *mut rdma_cm_id {
+        self.0.as_ptr()
+    }
+    pub fn raw(&self) -> &rdma_cm_id {
+        // SAFETY: the id is live while self is; rdma_cm only changes it inside calls.
+        unsafe { self.0.as_ref() }
+    }
+    pub fn set_context(&self, ctx: *mut c_void) {
+        // SAFETY: `context` is the user's field; librdmacm never reads it.
+        unsafe { (*self.0.as_ptr()).context = ctx }
+    }
+    pub fn migrate(&self, channel: &EventChannel) -> Result<()> {
+        // SAFETY: both live; all events of this id were acked before (see CmEvent).
+        check(unsafe { (loaded().rdma_migrate_id)(self.as_ptr(), channel.as_ptr()) }, "rdma_migrate_id")
+    }
+    pub fn set_afonly(&self) -> Result<()> {
+        let mut one: i32 = 1;
+        // SAFETY: the option value is a live int of the size passed.
+        check(
+            unsafe {
+                (loaded().rdma_set_option)(
+                    self.as_ptr(),
+                    RDMA_OPTION_LEVEL_ID,
+                    RDMA_OPTION_ID_AFONLY,
+                    (&mut one as *mut i32).cast(),
+                    std::mem::size_of::<i32>(),
+                )
+            },
+            "rdma_set_option(AFONLY)",
+        )
+    }
+    pub fn bind(&self, addr: &std::net::SocketAddr) -> Result<()> {
+        let mut sa = SockAddr::from(addr);
+        // SAFETY: `sa` is a valid sockaddr_in/in6 for the call's duration.
+        check(unsafe { (loaded().rdma_bind_addr)(self.as_ptr(), sa.as_mut_ptr()) }, "rdma_bind_addr")
+    }
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        // SAFETY: the id is live and bound.
+        check(unsafe { (loaded().rdma_listen)(self.as_ptr(), backlog) }, "rdma_listen")
+    }
+    pub fn resolve_addr(&self, dst: &std::net::SocketAddr, timeout_ms: i32) -> Result<()> {
+        let mut sa = SockAddr::from(dst);
+        // SAFETY: `sa` is valid for the call; a NULL source lets rdma_cm choose.
+        check(
+            unsafe { (loaded().rdma_resolve_addr)(self.as_ptr(), std::ptr::null_mut(), sa.as_mut_ptr(), timeout_ms) },
+            "rdma_resolve_addr",
+        )
+    }
+    pub fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
+        // SAFETY: the id is live with a resolved address.
+        check(unsafe { (loaded().rdma_resolve_route)(self.as_ptr(), timeout_ms) }, "rdma_resolve_route")
+    }
+    pub fn accept(&self, param: &mut rdma_conn_param) -> Result<()> {
+        // SAFETY: `param` is valid for the call.
+        check(unsafe { (loaded().rdma_accept)(self.as_ptr(), param) }, "rdma_accept")
+    }
+    pub fn connect(&self, param: &mut rdma_conn_param) -> Result<()> {
+        // SAFETY: `param` is valid for the call.
+        check(unsafe { (loaded().rdma_connect)(self.as_ptr(), param) }, "rdma_connect")
+    }
+    pub fn reject(&self) {
+        // SAFETY: the id is live; no private data.
+        unsafe { (loaded().rdma_reject)(self.as_ptr(), std::ptr::null(), 0) };
+    }
+    pub fn disconnect(&self) {
+        // SAFETY: the id is live; disconnecting twice or before connecting only errors.
+        unsafe { (loaded().rdma_disconnect)(self.as_ptr()) };
+    }
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        // SAFETY: route.addr is plain data inside the live id.
+        sockaddr_to_std(unsafe { &*std::ptr::addr_of!(self.raw().route.addr.src_addr_union).cast() })
+    }
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        // SAFETY: as above.
+        sockaddr_to_std(unsafe { &*std::ptr::addr_of!(self.raw().route.addr.dst_addr_union).cast() })
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the QP (if any) was created on this id and nothing posts to it any
+        // more; its events were all acked. Neither pointer is used afterwards.
+        unsafe {
+            if !self.raw().qp.is_null() {
+                (loaded().rdma_destroy_qp)(self.as_ptr());
+            }
+            (loaded().rdma_destroy_id)(self.as_ptr());
+        }
+    }
+}
+
+/// rdma_cma.h: option level `RDMA_OPTION_ID` and option `RDMA_OPTION_ID_AFONLY` (~IPV6_V6ONLY);
+/// anonymous enums that bindgen does not carry into rdma-sys.
+const RDMA_OPTION_LEVEL_ID: i32 = 0;
+const RDMA_OPTION_ID_AFONLY: i32 = 2;
+
+fn check(rc: i32, what: &'static str) -> Result<()> {
+    if rc == 0 { Ok(()) } else { Err(VerbsError::last(what)) }
+}
+
+pub fn set_nonblocking(fd: i32) -> std::result::Result<(), i32> {
+    // SAFETY: fcntl on an fd we own; failures are reported through errno.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        let fdflags = libc::fcntl(fd, libc::F_GETFD);
+        if fdflags >= 0 {
+            libc::fcntl(fd, libc::F_SETFD, fdflags | libc::FD_CLOEXEC);
+        }
+    }
+    Ok(())
+}
+
+/// A sockaddr_in or sockaddr_in6 built from a std address.
+#[repr(C)]
+pub union SockAddr {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+impl SockAddr {
+    fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
+        (self as *mut Self).cast()
+    }
+}
+
+impl From<&std::net::SocketAddr> for SockAddr {
+    fn from(a: &std::net::SocketAddr) -> Self {
+        match a {
+            std::net::SocketAddr::V4(a) => SockAddr {
+                v4: libc::sockaddr_in {
+                    sin_family: libc::AF_INET as u16,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                    sin_zero: [0; 8],
+                },
+            },
+            std::net::SocketAddr::V6(a) => SockAddr {
+                v6: libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as u16,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_scope_id: a.scope_id(),
+                },
+            },
+        }
+    }
+}
+
+fn sockaddr_to_std(sa: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    match sa.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let s = unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(std::net::SocketAddr::from((s.sin_addr.s_addr.to_ne_bytes(), u16::from_be(s.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6.
+            let s = unsafe { &*(sa as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(std::net::SocketAddr::from((s.sin6_addr.s6_addr, u16::from_be(s.sin6_port))))
+        }
+        _ => None,
+    }
+}
+
+/// Page-aligned memory for a memory region, with an inaccessible guard page on each
+/// side (an overrun faults instead of corrupting the heap) and kept out of core dumps.
+/// Upstream protects the lower guard at an unaligned address (rdma.c:227); here both
+/// guards are page-aligned by construction.
+pub struct PinnedBuffer {
+    base: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+}
+
+// SAFETY: plain memory; synchronisation of its contents is the user's business.
+unsafe impl Send for PinnedBuffer {}
+unsafe impl Sync for PinnedBuffer {}
+
+impl PinnedBuffer {
+    pub fn new(len: usize) -> Result<Self> {
+        let page = page_size();
+        let len = len.max(1).div_ceil(page) * page;
+        let map_len = len + 2 * page;
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE,
+                       libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(VerbsError::last("mmap"));
+        }
+        // SAFETY: both guard pages lie inside the mapping just made; madvise on it is
+        // advisory (DONTDUMP keeps client data out of core files).
+        unsafe {
+            libc::mprotect(p, page, libc::PROT_NONE);
+            libc::mprotect(p.cast::<u8>().add(page + len).cast(), page, libc::PROT_NONE);
+            libc::madvise(p.cast::<u8>().add(page).cast(), len, libc::MADV_DONTDUMP);
+        }
+        // SAFETY: p is non-null (not MAP_FAILED) and page + len is inside the mapping.
+        let base = unsafe { NonNull::new_unchecked(p.cast::<u8>().add(page)) };
+        Ok(PinnedBuffer { base, len, map_len })
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` readable bytes start at base while self lives. Concurrent
+        // writes by the NIC only ever target bytes the protocol has not handed out.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+    #[allow(clippy::mut_from_ref)]
+    /// # Safety
+    /// The caller must ensure no other reference covers the bytes it writes.
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len)
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in new() (base is one page in).
+        unsafe { libc::munmap(self.base.as_ptr().sub(page_size()).cast(), self.map_len) };
+    }
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize
+}

@@ -1,0 +1,86 @@
+# lib.sh - helpers for the end-to-end suite. Sourced by suite.sh; runs where RDMA is
+# (inside the Soft-RoCE guest, or on a host with an RDMA device). Needs RDMA_ADDR.
+set -u
+: "${RDMA_ADDR:?RDMA_ADDR must name an address on an RDMA device}"
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../../testbed/env.sh"
+WORK=${E2E_WORK:-$PWD}          # logs and server dirs; writable
+PASSED=0 FAILED=0 SKIPPED=0 FAILED_NAMES=()
+CLI912="$VALKEY_912/src/valkey-cli"
+BENCH912="$VALKEY_912/src/valkey-benchmark"
+OUR_MODULE=${OUR_MODULE:-$PROJECT_ROOT/target/release/librdma.so}
+NEXT_PORT=${E2E_BASE_PORT:-6400}
+
+note() { echo "# $*"; }
+
+# run_case NAME FUNCTION [ARGS...]: one test; the function's exit status decides.
+run_case() {
+    local name=$1; shift
+    if [ -n "${E2E_ONLY:-}" ] && [[ "$name" != *$E2E_ONLY* ]]; then return 0; fi
+    local t0=$SECONDS
+    echo "--- $name"
+    if "$@"; then
+        PASSED=$((PASSED + 1)); echo "ok - $name ($((SECONDS - t0)) s)"
+    else
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name"); echo "not ok - $name ($((SECONDS - t0)) s)"
+    fi
+    stop_all_servers
+}
+
+fail() { echo "FAIL: $*"; return 1; }
+
+# expect_eq WHAT GOT WANT
+expect_eq() { [ "$2" = "$3" ] || fail "$1: got '$2', want '$3'"; }
+
+SERVER_PIDS=()
+# start_server NAME SERVER_BINARY [server args...]: starts a server with TCP on
+# RDMA_ADDR and 127.0.0.1 at a fresh port (written @PORT@ in the args); sets PORT,
+# SERVER_PID, SERVER_LOG.
+start_server() {
+    local name=$1 bin=$2; shift 2
+    PORT=$NEXT_PORT; NEXT_PORT=$((NEXT_PORT + 1))
+    local dir="$WORK/srv-$name-$PORT" args=() a
+    mkdir -p "$dir"
+    for a in "$@"; do args+=("${a//@PORT@/$PORT}"); done   # @PORT@: the port chosen here
+    SERVER_LOG="$dir/server.log"
+    "$bin" --port "$PORT" --bind "$RDMA_ADDR" 127.0.0.1 --protected-mode no --save "" --appendonly no \
+        --dir "$dir" --logfile "$SERVER_LOG" "${args[@]}" < /dev/null &
+    SERVER_PID=$!
+    SERVER_PIDS+=("$SERVER_PID")
+    local i
+    for i in $(seq 1 150); do
+        if "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; then return 0; fi
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    echo "server $name did not come up; log:"; tail -n 30 "$SERVER_LOG"
+    return 1
+}
+
+# server_alive: the last server still runs and answers over TCP.
+server_alive() {
+    kill -0 "$SERVER_PID" 2>/dev/null && "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG
+}
+
+stop_all_servers() {
+    local p
+    for p in "${SERVER_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${SERVER_PIDS[@]}"; do
+        for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    SERVER_PIDS=()
+}
+
+# bench_rps LOG TEST: the "requests per second" figure valkey-benchmark printed for TEST.
+bench_rps() {
+    tr '\r' '\n' < "$1" | grep -i "^$2: " | grep "requests per second" | tail -n1 \
+        | sed -E 's/^[^:]*: ([0-9.]+) requests per second.*/\1/'
+}
+
+summary() {
+    echo
+    [ ${#FAILED_NAMES[@]} -gt 0 ] && echo "# failed: ${FAILED_NAMES[*]}"
+    echo "e2e: $PASSED passed, $FAILED failed"
+    [ "$FAILED" = 0 ]
+}

@@ -1,0 +1,75 @@
+#!/bin/bash
+# suite.sh [--impl ours|reference] - the end-to-end suite: real valkey-server binaries,
+# real verbs (rxe or a real device), real clients (upstream rdma-test, valkey-cli and
+# valkey-benchmark with --rdma). `reference` runs the cases against the upstream C
+# module valkey-rdma.so, which proves the test bed; `ours` against target/release/librdma.so.
+# E2E_ONLY=PATTERN runs only the cases whose name contains PATTERN.
+IMPL=ours
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --impl) IMPL=$2; shift 2 ;;
+        *) echo "usage: suite.sh [--impl ours|reference]" >&2; exit 2 ;;
+    esac
+done
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+note "impl=$IMPL RDMA_ADDR=$RDMA_ADDR kernel=$(uname -r) devices: $(ls /sys/class/infiniband | tr '\n' ' ')"
+
+# rdma_server_args TREE: how this implementation is loaded into the server of TREE,
+# listening for RDMA on RDMA_ADDR at the same port as TCP (core configs).
+rdma_server_args() {
+    if [ "$IMPL" = reference ]; then echo "--loadmodule $1/src/valkey-rdma.so"; else echo "--loadmodule $OUR_MODULE"; fi
+    echo "--rdma-bind $RDMA_ADDR --rdma-port @PORT@"
+}
+
+# --- cases shared by both implementations ---
+
+case_rdma_test() {  # TREE: upstream tests/rdma/rdma-test --thread 4 against that server
+    local tree=$1 out
+    # shellcheck disable=SC2046
+    start_server rdmatest "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    out=$(timeout 300 "$tree/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
+    echo "$out" | tail -n 3
+    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+}
+
+case_cli_ping() {  # TREE: valkey-cli --rdma PING answers PONG, SET/GET round-trips
+    local tree=$1 got
+    # shellcheck disable=SC2046
+    start_server cli "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    got=$(timeout 30 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+    expect_eq "PING over RDMA" "$got" PONG || return 1
+    got=$(timeout 30 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" SET k1 hello-rdma 2>&1)
+    expect_eq "SET over RDMA" "$got" OK || return 1
+    got=$(timeout 30 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" GET k1 2>&1)
+    expect_eq "GET over RDMA" "$got" hello-rdma || return 1
+    got=$("$CLI912" -h 127.0.0.1 -p "$PORT" GET k1)
+    expect_eq "the same key over TCP on the same port" "$got" hello-rdma
+}
+
+case_benchmark_rdma_and_tcp() {  # TREE: valkey-benchmark -t set,get over RDMA, and over TCP beside it
+    local tree=$1 n=${E2E_BENCH_N:-20000} r
+    # shellcheck disable=SC2046
+    start_server bench "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n "$n" -c 8 -q > "$WORK/bench-rdma.log" 2>&1
+    timeout 300 "$BENCH912" -h "$RDMA_ADDR" -p "$PORT" -t set,get -n "$n" -c 8 -q > "$WORK/bench-tcp.log" 2>&1
+    local ok=0
+    for t in SET GET; do
+        local rdma tcp
+        rdma=$(bench_rps "$WORK/bench-rdma.log" $t); tcp=$(bench_rps "$WORK/bench-tcp.log" $t)
+        printf '# %-4s RDMA %10s req/s   TCP %10s req/s   (-n %s -c 8, %s)\n' "$t" "${rdma:-none}" "${tcp:-none}" "$n" "$(basename "$tree")"
+        awk -v r="${rdma:-0}" 'BEGIN { exit !(r > 0) }' || { fail "no RDMA request rate for $t"; ok=1; }
+    done
+    [ $ok = 0 ] && server_alive
+}
+
+for tree in "$VALKEY_912" "$VALKEY_811"; do
+    v=$(basename "$tree")
+    run_case "$IMPL $v rdma-test --thread 4" case_rdma_test "$tree"
+    run_case "$IMPL $v valkey-cli --rdma" case_cli_ping "$tree"
+    run_case "$IMPL $v valkey-benchmark --rdma and TCP" case_benchmark_rdma_and_tcp "$tree"
+done
+
+if [ "$IMPL" = ours ]; then
+    . "$(dirname "$(readlink -f "$0")")/ours.sh"
+fi
+summary
