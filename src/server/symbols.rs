@@ -97,8 +97,8 @@ pub fn find_event_loop(abi: Abi, maxclients: i64) -> bool {
     // SAFETY: `server` is a global at least `offset + 8` bytes long in every version.
     let Some(el) = read_word::<usize>(unsafe { s.server.add(offset) }) else { return false };
     let el = el as *mut u8;
-    // SAFETY: only the address is computed here; the read is checked.
-    match read_word::<i32>(unsafe { el.wrapping_add(4) }) {
+    // Only the address is computed here; the read itself is checked.
+    match read_word::<i32>(el.wrapping_add(4)) {
         Some(setsize) if setsize as i64 == maxclients + 128 => {
             remember_event_loop(el.cast());
             true

@@ -15,7 +15,7 @@ mod resources;
 
 pub use dynlib::{lib, Lib};
 pub use endpoint::{Completion, Endpoint, EndpointConfig, RX_SLOTS};
-pub use resources::{CmEvent, CmId, EventChannel, PinnedBuffer};
+pub use resources::{event_name, CmEvent, CmId, EventChannel, PinnedBuffer};
 
 pub use rdma_sys as sys;
 
