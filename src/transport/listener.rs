@@ -80,6 +80,29 @@ fn check_devices() -> bool {
     n > 0
 }
 
+/// Locked memory one client pins: RX + TX buffers, control slots, guard pages.
+fn pinned_per_client() -> u64 {
+    let rx = global().settings.rx_size as u64;
+    rx + crate::protocol::MAX_PEER_RX_SIZE.min(1 << 20) as u64 + 2 * 1024 * 32 + 6 * 4096
+}
+
+fn warn_if_memlock_low() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return;
+    }
+    let need = pinned_per_client();
+    if lim.rlim_cur < need * 16 {
+        log::warn!(
+            "RDMA: the locked-memory limit (ulimit -l) is {} KiB and each RDMA client pins about {} KiB: without CAP_IPC_LOCK only {} clients fit; raise `ulimit -l` (LimitMEMLOCK= for systemd)",
+            lim.rlim_cur / 1024,
+            need / 1024,
+            lim.rlim_cur / need
+        );
+    }
+}
+
 fn bind_list(listener: &ConnListener) -> Result<Vec<BindAddr>, String> {
     let mut names = Vec::new();
     for i in 0..listener.bindaddr_count.max(0) as usize {
@@ -113,6 +136,7 @@ pub fn listen(listener: &mut ConnListener) -> c_int {
     if verbs::lib().is_err() || !check_devices() {
         return C_ERR;
     }
+    warn_if_memlock_low();
     if let Err(e) = conn_events() {
         log::warn!("{}", explain(&e, None));
         return C_ERR;

@@ -274,6 +274,13 @@ impl Endpoint {
     /// RDMA_WRITE_WITH_IMM of their total length to `remote_addr + offset`.
     pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], remote_addr: u64, rkey: u32) -> Result<()> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
+        self.post_write_imm(offset, parts, remote_addr, rkey, total as u32)
+    }
+
+    /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
+    /// peer (`client::hostile`) sends an immediate that differs from the length.
+    pub fn post_write_imm(&mut self, offset: u32, parts: &[&[u8]], remote_addr: u64, rkey: u32, imm: u32) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
         let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("write before RegisterXferMemory", libc::ENOTCONN))?;
         let mut at = offset as usize;
         if at + total > buf.len() {
@@ -298,9 +305,28 @@ impl Endpoint {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.imm_data_invalidated_rkey_union.imm_data = (total as u32).to_be();
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         wr.wr.rdma = rdma_t { remote_addr: remote_addr + offset as u64, rkey };
         self.post_send(&mut wr, 0, false)
+    }
+
+    /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
+    /// the test peer uses this, to send malformed control messages.
+    pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("send before RegisterXferMemory", libc::ENOTCONN))?;
+        if bytes.len() > buf.len() {
+            return Err(VerbsError::with("raw send larger than the TX buffer", libc::EINVAL));
+        }
+        // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
+        unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
+        // SAFETY: inside the TX buffer; the MR is live.
+        let mut sge = ibv_sge { addr: buf.as_ptr() as u64, length: bytes.len() as u32, lkey: unsafe { (*self.tx_mr).lkey } };
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        self.post_send(&mut wr, 0, true)
     }
 
     /// Consumes a pending notification of the completion channel (if any), re-arms

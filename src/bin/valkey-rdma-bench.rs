@@ -1,0 +1,247 @@
+//! valkey-rdma-bench: load generator for Valkey over RDMA (and TCP), and the
+//! side-by-side comparison of our module with the upstream C module.
+//!
+//!   valkey-rdma-bench [-h HOST] [-p PORT] [--tcp] [-c CONNS] [-P PIPELINE] [-t set,get]
+//!                     [-d BYTES] [-n REQUESTS] [--duration SECS] [-r KEYSPACE]
+//!                     [--server-pid PID] [--json FILE] [-q]
+//!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
+//!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdma::client::bench::{self, Stats, Transport, Workload};
+
+struct Args {
+    w: Workload,
+    server_pid: Option<u32>,
+    json: Option<String>,
+    svg: Option<String>,
+    quiet: bool,
+    compare: bool,
+    server: String,
+    c_module: String,
+    our_module: String,
+    rounds: usize,
+}
+
+fn usage() -> ! {
+    eprintln!("{}", include_str!("valkey-rdma-bench.rs").lines().skip(3).take(6).map(|l| l.trim_start_matches("//!")).collect::<Vec<_>>().join("\n"));
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        w: Workload {
+            addr: String::new(),
+            transport: Transport::Rdma,
+            connections: 8,
+            pipeline: 1,
+            commands: vec!["set".into(), "get".into()],
+            value_size: 64,
+            requests: 100_000,
+            duration: Duration::from_secs(3600),
+            keyspace: 10_000,
+        },
+        server_pid: None,
+        json: None,
+        svg: None,
+        quiet: false,
+        compare: false,
+        server: String::new(),
+        c_module: String::new(),
+        our_module: String::new(),
+        rounds: 3,
+    };
+    let (mut host, mut port) = ("127.0.0.1".to_string(), 6379u16);
+    let mut it = std::env::args().skip(1);
+    let val = |it: &mut dyn Iterator<Item = String>| it.next().unwrap_or_else(|| usage());
+    while let Some(o) = it.next() {
+        let num = |s: String| s.parse::<u64>().unwrap_or_else(|_| usage());
+        match o.as_str() {
+            "-h" => host = val(&mut it),
+            "-p" => port = num(val(&mut it)) as u16,
+            "--tcp" => a.w.transport = Transport::Tcp,
+            "-c" => a.w.connections = num(val(&mut it)).max(1) as usize,
+            "-P" => a.w.pipeline = num(val(&mut it)).max(1) as usize,
+            "-t" => a.w.commands = val(&mut it).split(',').map(|s| s.trim().to_lowercase()).collect(),
+            "-d" => a.w.value_size = num(val(&mut it)) as usize,
+            "-n" => a.w.requests = num(val(&mut it)),
+            "-r" => a.w.keyspace = num(val(&mut it)),
+            "--duration" => a.w.duration = Duration::from_secs(num(val(&mut it))),
+            "--server-pid" => a.server_pid = Some(num(val(&mut it)) as u32),
+            "--json" => a.json = Some(val(&mut it)),
+            "--svg" => a.svg = Some(val(&mut it)),
+            "-q" => a.quiet = true,
+            "--compare" => a.compare = true,
+            "--server" => a.server = val(&mut it),
+            "--c-module" => a.c_module = val(&mut it),
+            "--our-module" => a.our_module = val(&mut it),
+            "--rounds" => a.rounds = num(val(&mut it)).max(1) as usize,
+            _ => usage(),
+        }
+    }
+    a.w.addr = format!("{host}:{port}");
+    a
+}
+
+fn progress(quiet: bool) -> impl FnMut(u64, f64) {
+    move |done, secs| {
+        if !quiet {
+            eprint!("\r{done} requests, {:.0} req/s   ", done as f64 / secs.max(1e-9));
+        }
+    }
+}
+
+fn print_stats(label: &str, s: &Stats) {
+    println!(
+        "{label:>22}: {:>10.1} req/s  p50 {:>7.0} us  p99 {:>7.0} us  p99.9 {:>7.0} us  server CPU {} s/Mreq{}",
+        s.rps,
+        s.p50_us,
+        s.p99_us,
+        s.p999_us,
+        s.server_cpu_s_per_mreq.map_or("?".into(), |v| format!("{v:.2}")),
+        if s.errors > 0 { format!("  ERRORS {}", s.errors) } else { String::new() }
+    );
+}
+
+/// A server started for the comparison; killed on drop.
+struct Server(Child, u32);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.1 as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(a: &Args, module: &str, host: &str, port: u16, dir: &str) -> Server {
+    std::fs::create_dir_all(dir).unwrap();
+    let child = Command::new(&a.server)
+        .args(["--port", &port.to_string(), "--bind", host, "127.0.0.1", "--protected-mode", "no", "--save", "", "--dir", dir])
+        .args(["--logfile", &format!("{dir}/server.log"), "--loadmodule", module, "--rdma-bind", host, "--rdma-port", &port.to_string()])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", a.server));
+    let pid = child.id();
+    let s = Server(child, pid);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let mut b = [0u8; 16];
+            if c.write_all(b"PING\r\n").is_ok() && c.read(&mut b).is_ok_and(|n| b[..n].starts_with(b"+PONG")) {
+                return s;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("server with {module} did not come up; see {dir}/server.log");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Server memory per idle RDMA connection: RSS with 50 connections open minus before.
+fn kib_per_connection(w: &Workload, pid: u32) -> f64 {
+    let before = rss_kib(pid);
+    let conns: Vec<_> = (0..50).filter_map(|_| bench::connect(w).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rss_kib(pid);
+    let n = conns.len().max(1);
+    drop(conns);
+    after.saturating_sub(before) as f64 / n as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn compare(a: &Args) {
+    let (host, port) = a.w.addr.rsplit_once(':').map(|(h, p)| (h.to_string(), p.parse::<u16>().unwrap())).unwrap();
+    let impls = [("C module", a.c_module.as_str()), ("ours", a.our_module.as_str())];
+    let mut results: Vec<(String, Stats, f64)> = Vec::new();
+    let mut json = Vec::new();
+    for round in 1..=a.rounds {
+        for (i, (label, module)) in impls.iter().enumerate() {
+            let p = port + (round * 2 + i) as u16;
+            let srv = start_server(a, module, &host, p, &format!("/tmp/rdma-bench-{round}-{i}"));
+            let w = Workload { addr: format!("{host}:{p}"), ..a.w.clone() };
+            let stats = bench::run(&w, Some(srv.1), progress(a.quiet)).unwrap_or_else(|e| panic!("{label}: {e}"));
+            let mem = kib_per_connection(&w, srv.1);
+            eprint!("\r");
+            print_stats(&format!("round {round} {label}"), &stats);
+            json.push(format!("{{\"round\":{round},\"kib_per_connection\":{mem:.1},\"stats\":{}}}", stats.to_json(label)));
+            results.push((label.to_string(), stats, mem));
+            if round == 1 && i == 1 {
+                let w = Workload { transport: Transport::Tcp, ..w };
+                let tcp = bench::run(&w, Some(srv.1), progress(a.quiet)).unwrap_or_else(|e| panic!("TCP: {e}"));
+                eprint!("\r");
+                print_stats("TCP (same server)", &tcp);
+                json.push(format!("{{\"round\":{round},\"stats\":{}}}", tcp.to_json("TCP")));
+                results.push(("TCP".into(), tcp, 0.0));
+            }
+        }
+    }
+    let pick = |label: &str, f: &dyn Fn(&Stats, f64) -> f64| {
+        median(results.iter().filter(|r| r.0 == label).map(|r| f(&r.1, r.2)).collect())
+    };
+    type Metric<'a> = (&'a str, &'a dyn Fn(&Stats, f64) -> f64, &'a str);
+    let metrics: [Metric; 5] = [
+        ("requests/s", &|s, _| s.rps, "higher is better"),
+        ("p50 latency us", &|s, _| s.p50_us, "lower is better"),
+        ("p99 latency us", &|s, _| s.p99_us, "lower is better"),
+        ("server CPU s per Mreq", &|s, _| s.server_cpu_s_per_mreq.unwrap_or(0.0), "lower is better"),
+        ("server KiB per connection", &|_, m| m, "lower is better"),
+    ];
+    println!("\nmedians over {} rounds, {} connections, pipeline {}, {:?}, {} B values", a.rounds, a.w.connections, a.w.pipeline, a.w.commands, a.w.value_size);
+    println!("{:>26} {:>12} {:>12} {:>10} {:>12}", "metric", "C module", "ours", "ours/C", "TCP");
+    let mut ratios = Vec::new();
+    for (name, f, better) in metrics {
+        let (c, o) = (pick("C module", f), pick("ours", f));
+        let ratio = if c > 0.0 { o / c } else { 0.0 };
+        let tcp = if name.contains("KiB") { "-".to_string() } else { format!("{:.1}", pick("TCP", f)) };
+        println!("{name:>26} {c:>12.1} {o:>12.1} {ratio:>10.3} {tcp:>12}   ({better})");
+        ratios.push(format!("\"{name}\":{ratio:.4}"));
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, format!("{{\"runs\":[{}],\"ratios_ours_over_c\":{{{}}}}}\n", json.join(","), ratios.join(","))).unwrap();
+    }
+    if let Some(path) = &a.svg {
+        let bars: Vec<(String, f64)> = ["C module", "ours", "TCP"].iter().map(|l| (format!("{l} (median)"), pick(l, &|s, _| s.rps))).collect();
+        std::fs::write(path, bench::svg_bars(&format!("{:?} requests/s, {} conns, -P {}", a.w.commands, a.w.connections, a.w.pipeline), "req/s", &bars)).unwrap();
+    }
+}
+
+fn main() {
+    let a = parse_args();
+    if a.compare {
+        if a.server.is_empty() || a.c_module.is_empty() || a.our_module.is_empty() {
+            usage();
+        }
+        return compare(&a);
+    }
+    let stats = bench::run(&a.w, a.server_pid, progress(a.quiet)).unwrap_or_else(|e| {
+        eprintln!("valkey-rdma-bench: {e}");
+        std::process::exit(1)
+    });
+    if !a.quiet {
+        eprintln!();
+    }
+    print_stats(if a.w.transport == Transport::Rdma { "RDMA" } else { "TCP" }, &stats);
+    if let Some(path) = &a.json {
+        std::fs::write(path, stats.to_json("run") + "\n").unwrap();
+    }
+    if let Some(path) = &a.svg {
+        std::fs::write(path, bench::svg_bars("requests/s", "req/s", &[("run".into(), stats.rps)])).unwrap();
+    }
+    if stats.errors > 0 {
+        std::process::exit(1);
+    }
+}

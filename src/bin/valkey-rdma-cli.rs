@@ -1,0 +1,94 @@
+//! valkey-rdma-cli: send one command to a Valkey server over RDMA and print the reply
+//! as valkey-cli does.
+//!
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-x] [--raw|--no-raw] COMMAND [ARG...]
+//!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
+
+use std::io::{IsTerminal, Read, Write};
+use std::time::Duration;
+
+use rdma::client::{hostile, resp, Client, Options, Reply};
+
+fn usage() -> ! {
+    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-x] [--raw|--no-raw] COMMAND [ARG...]");
+    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
+    eprintln!("  -x      read the last argument from standard input");
+    eprintln!("hostile cases (for robustness tests):");
+    for (name, what) in hostile::CASES {
+        eprintln!("  {name:22} {what}");
+    }
+    std::process::exit(2)
+}
+
+fn main() {
+    let mut host = "127.0.0.1".to_string();
+    let mut port = 6379u16;
+    let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);
+    let mut raw = !std::io::stdout().is_terminal();
+    let mut words: Vec<Vec<u8>> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-h" if words.is_empty() => host = args.next().unwrap_or_else(|| usage()),
+            "-p" if words.is_empty() => port = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
+            "-x" if words.is_empty() => stdin_arg = true,
+            "--raw" if words.is_empty() => raw = true,
+            "--no-raw" if words.is_empty() => raw = false,
+            "--hostile" if words.is_empty() => hostile_case = Some(args.next().unwrap_or_else(|| usage())),
+            "--hold" if words.is_empty() => hold = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
+            "--help" => usage(),
+            _ => words.push(a.into_bytes()),
+        }
+    }
+    let addr = format!("{host}:{port}");
+    if let Some(case) = hostile_case {
+        match hostile::run(&case, &addr, Duration::from_secs(hold)) {
+            Ok(outcome) => println!("{outcome:?}"),
+            Err(e) => {
+                eprintln!("hostile {case}: {e}");
+                std::process::exit(1)
+            }
+        }
+        return;
+    }
+    if stdin_arg {
+        let mut v = Vec::new();
+        std::io::stdin().read_to_end(&mut v).expect("reading standard input");
+        words.push(v);
+    }
+    if words.is_empty() {
+        usage();
+    }
+    let mut client = Client::connect(addr.as_str(), Options::default()).unwrap_or_else(|e| {
+        eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
+        std::process::exit(1)
+    });
+    let argv: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
+    let reply = client.command(&argv).unwrap_or_else(|e| {
+        eprintln!("Error: {e}");
+        std::process::exit(1)
+    });
+    let mut out = std::io::stdout().lock();
+    if raw {
+        write_raw(&reply, &mut out);
+    } else {
+        let mut s = String::new();
+        resp::format_cli(&reply, &mut s, 0);
+        let _ = writeln!(out, "{s}");
+    }
+}
+
+/// valkey-cli's output when not on a terminal: bare values, one per line.
+fn write_raw(r: &Reply, out: &mut impl Write) {
+    let _ = match r {
+        Reply::Status(s) => writeln!(out, "{s}"),
+        Reply::Error(e) => writeln!(out, "{e}"),
+        Reply::Integer(i) => writeln!(out, "{i}"),
+        Reply::Bulk(b) => out.write_all(b).and_then(|_| out.write_all(b"\n")),
+        Reply::Nil => writeln!(out),
+        Reply::Array(items) => {
+            items.iter().for_each(|i| write_raw(i, out));
+            Ok(())
+        }
+    };
+}

@@ -1,0 +1,266 @@
+//! The workload driver behind `valkey-rdma-bench`: N connections, each with its own
+//! thread, sending pipelines of commands and timing them. Transport-agnostic (RDMA or
+//! TCP), so that the two can be compared in one run.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{resp, ClientError, Options, RdmaStream};
+
+/// A byte stream the driver can use.
+pub trait Stream: Send {
+    fn send(&mut self, data: &[u8]) -> Result<(), String>;
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, String>;
+}
+
+impl Stream for RdmaStream {
+    fn send(&mut self, data: &[u8]) -> Result<(), String> {
+        self.write_all(data).map_err(|e: ClientError| e.to_string())
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        self.read(buf).map_err(|e| e.to_string())
+    }
+}
+
+impl Stream for std::net::TcpStream {
+    fn send(&mut self, data: &[u8]) -> Result<(), String> {
+        self.write_all(data).map_err(|e| e.to_string())
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        match self.read(buf) {
+            Ok(0) => Err("connection closed".into()),
+            Ok(n) => Ok(n),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Rdma,
+    Tcp,
+}
+
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub addr: String,
+    pub transport: Transport,
+    pub connections: usize,
+    pub pipeline: usize,
+    /// Commands cycled through: "set", "get", "ping", "incr", "lpush", "lrange_100".
+    pub commands: Vec<String>,
+    pub value_size: usize,
+    /// Stop after this many requests (all connections together) …
+    pub requests: u64,
+    /// … or after this long, whichever comes first.
+    pub duration: Duration,
+    pub keyspace: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub requests: u64,
+    pub seconds: f64,
+    pub rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Server CPU seconds (user + system) per million requests, if its pid was known.
+    pub server_cpu_s_per_mreq: Option<f64>,
+    pub errors: u64,
+}
+
+fn command(name: &str, key: &str, value: &[u8], out: &mut Vec<u8>) {
+    match name {
+        "set" => resp::encode(&[b"SET", key.as_bytes(), value], out),
+        "get" => resp::encode(&[b"GET", key.as_bytes()], out),
+        "incr" => resp::encode(&[b"INCR", key.as_bytes()], out),
+        "lpush" => resp::encode(&[b"LPUSH", b"bench:list", value], out),
+        "lrange_100" => resp::encode(&[b"LRANGE", b"bench:list", b"0", b"99"], out),
+        _ => resp::encode(&[b"PING"], out),
+    }
+}
+
+/// Server CPU time (user + system) in seconds, from /proc.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
+    match w.transport {
+        Transport::Rdma => Ok(Box::new(RdmaStream::connect(w.addr.as_str(), &Options::default()).map_err(|e| e.to_string())?)),
+        Transport::Tcp => {
+            let s = std::net::TcpStream::connect(&w.addr).map_err(|e| e.to_string())?;
+            s.set_nodelay(true).map_err(|e| e.to_string())?;
+            Ok(Box::new(s))
+        }
+    }
+}
+
+/// Runs the workload; `progress` is called about once a second with requests so far.
+pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, f64)) -> Result<Stats, String> {
+    let streams: Vec<Box<dyn Stream>> = (0..w.connections).map(|_| connect(w)).collect::<Result<_, _>>()?;
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let cpu0 = server_pid.and_then(process_cpu_seconds);
+    let t0 = Instant::now();
+    let handles: Vec<_> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let (w, done, errors, stop) = (w.clone(), done.clone(), errors.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let value = vec![b'x'; w.value_size];
+                let mut lat = Vec::new();
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut inbuf = Vec::new();
+                let mut n: u64 = i as u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if done.fetch_add(w.pipeline as u64, Ordering::Relaxed) >= w.requests {
+                        break;
+                    }
+                    let mut out = Vec::new();
+                    for _ in 0..w.pipeline {
+                        let key = format!("key:{:012}", n % w.keyspace.max(1));
+                        command(&w.commands[(n as usize / w.connections.max(1)) % w.commands.len()], &key, &value, &mut out);
+                        n = n.wrapping_add(7919);
+                    }
+                    let start = Instant::now();
+                    if s.send(&out).is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    let mut replies = 0;
+                    'read: while replies < w.pipeline {
+                        loop {
+                            match resp::parse(&inbuf) {
+                                Ok(Some((r, used))) => {
+                                    if matches!(r, resp::Reply::Error(_)) {
+                                        errors.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    inbuf.drain(..used);
+                                    replies += 1;
+                                    continue 'read;
+                                }
+                                Ok(None) => break,
+                                Err(_) => break 'read,
+                            }
+                        }
+                        match s.recv(&mut buf) {
+                            Ok(k) => inbuf.extend_from_slice(&buf[..k]),
+                            Err(_) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                break 'read;
+                            }
+                        }
+                    }
+                    lat.push(start.elapsed().as_micros() as u32);
+                    if replies < w.pipeline {
+                        break;
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut last = Instant::now();
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        if t0.elapsed() >= w.duration {
+            stop.store(true, Ordering::Relaxed);
+        }
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            progress(done.load(Ordering::Relaxed).min(w.requests), t0.elapsed().as_secs_f64());
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu1 = server_pid.and_then(process_cpu_seconds);
+    let mut lat: Vec<u32> = handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+    lat.sort_unstable();
+    let requests = lat.len() as u64 * w.pipeline as u64;
+    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0) as f64;
+    Ok(Stats {
+        requests,
+        seconds,
+        rps: requests as f64 / seconds,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+        server_cpu_s_per_mreq: match (cpu0, cpu1) {
+            (Some(a), Some(b)) if requests > 0 => Some((b - a) / requests as f64 * 1e6),
+            _ => None,
+        },
+        errors: errors.load(Ordering::Relaxed),
+    })
+}
+
+impl Stats {
+    pub fn to_json(&self, label: &str) -> String {
+        format!(
+            "{{\"label\":\"{label}\",\"requests\":{},\"seconds\":{:.3},\"rps\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"server_cpu_s_per_mreq\":{},\"errors\":{}}}",
+            self.requests,
+            self.seconds,
+            self.rps,
+            self.p50_us,
+            self.p99_us,
+            self.p999_us,
+            self.server_cpu_s_per_mreq.map_or("null".into(), |v| format!("{v:.3}")),
+            self.errors
+        )
+    }
+}
+
+/// A bar chart (SVG) of one metric over several labelled runs.
+pub fn svg_bars(title: &str, unit: &str, bars: &[(String, f64)]) -> String {
+    let (w, bar_h, gap, left) = (640.0, 28.0, 10.0, 220.0);
+    let h = 50.0 + bars.len() as f64 * (bar_h + gap);
+    let max = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(1e-9);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"13\">\n<text x=\"10\" y=\"22\" font-size=\"16\">{title}</text>\n"
+    );
+    for (i, (label, v)) in bars.iter().enumerate() {
+        let y = 40.0 + i as f64 * (bar_h + gap);
+        let bw = (w - left - 110.0) * v / max;
+        let colour = if label.contains("ours") { "#2a7ab0" } else if label.contains("TCP") { "#999999" } else { "#d08030" };
+        s += &format!(
+            "<text x=\"10\" y=\"{:.0}\">{label}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{bw:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.0}\">{v:.1} {unit}</text>\n",
+            y + 19.0,
+            left + bw + 6.0,
+            y + 19.0
+        );
+    }
+    s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_and_svg_carry_the_numbers() {
+        let s = Stats { requests: 10, seconds: 2.0, rps: 5.0, p50_us: 1.0, p99_us: 2.0, p999_us: 3.0, server_cpu_s_per_mreq: Some(0.5), errors: 0 };
+        let j = s.to_json("ours");
+        assert!(j.contains("\"rps\":5.0") && j.contains("\"server_cpu_s_per_mreq\":0.500") && j.contains("\"label\":\"ours\""));
+        let svg = svg_bars("SET", "req/s", &[("ours".into(), 10.0), ("C module".into(), 5.0)]);
+        assert_eq!(svg.matches("<rect").count(), 2);
+        assert!(svg.contains("10.0 req/s") && svg.contains("5.0 req/s"));
+    }
+
+    #[test]
+    fn commands_are_encoded_per_name() {
+        let mut out = Vec::new();
+        command("set", "k", b"v", &mut out);
+        command("lrange_100", "k", b"v", &mut out);
+        command("anything", "k", b"v", &mut out);
+        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*4\r\n$6\r\nLRANGE\r\n$10\r\nbench:list\r\n$1\r\n0\r\n$2\r\n99\r\n*1\r\n$4\r\nPING\r\n");
+    }
+}

@@ -1,0 +1,102 @@
+//! A misbehaving peer for the robustness tests: each case breaks the protocol (or just
+//! good manners) in one way. The test suite runs them against a server and checks that
+//! it survives and keeps serving a well-behaved client.
+
+use std::time::Duration;
+
+use super::{resp, ClientError, Options, RdmaStream, Result};
+use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
+
+pub const CASES: &[(&str, &str)] = &[
+    ("short-control", "a control message of 16 bytes"),
+    ("long-control", "a control message of 64 bytes (longer than the receive slot)"),
+    ("unknown-opcode", "a control message with opcode 9"),
+    ("register-zero", "RegisterXferMemory with length 0"),
+    ("register-huge", "RegisterXferMemory with length 4 GiB - 1"),
+    ("imm-overrun", "an RDMA write whose immediate overruns the server's RX buffer"),
+    ("flood", "5000 commands, one RDMA write each, beyond the 1024 posted receives"),
+    ("no-read", "a 4 KiB RX buffer never re-registered while asking for 10 MB of replies"),
+    ("disconnect-mid-write", "half a command, then an orderly disconnect"),
+    ("die", "half a command, then the process exits without disconnecting"),
+];
+
+/// What happened, for the test to check.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server closed the connection (expected for protocol violations).
+    ClosedByServer,
+    /// The connection was still open when the case ended.
+    StillOpen,
+}
+
+fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
+    let mut b = [0u8; CONTROL_MESSAGE_LEN];
+    b[..2].copy_from_slice(&opcode.to_be_bytes());
+    b
+}
+
+/// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
+pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
+    let opts = Options { rx_size: if case == "no-read" { 4096 } else { Options::default().rx_size }, ..Options::default() };
+    let mut s = RdmaStream::connect(addr, &opts)?;
+    match case {
+        "short-control" => s.endpoint().post_send_raw(&control(2)[..16])?,
+        "long-control" => s.endpoint().post_send_raw(&[0u8; 64])?,
+        "unknown-opcode" => s.endpoint().post_send_raw(&control(9))?,
+        "register-zero" | "register-huge" => {
+            let length = if case == "register-zero" { 0 } else { u32::MAX };
+            let (addr, key) = (s.ep.rx_addr(), s.ep.rx_key());
+            s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?
+        }
+        "imm-overrun" => {
+            let (remote, rkey, len) = (s.session.tx.remote_addr, s.session.tx.rkey, s.session.tx.len());
+            s.endpoint().post_write_imm(0, &[b"*"], remote, rkey, len + 1)?
+        }
+        "flood" => {
+            for _ in 0..5000 {
+                while s.try_write(b"PING\r\n")? == 0 {
+                    s.settle(Duration::from_millis(1))?;
+                }
+            }
+            // read the 5000 replies back: the server served all of it
+            let mut got = 0;
+            let mut buf = vec![0u8; 65536];
+            while got < 5000 * 7 {
+                got += s.read(&mut buf)?;
+            }
+            return Ok(Outcome::StillOpen);
+        }
+        "no-read" => {
+            let mut cmd = Vec::new();
+            resp::encode(&[b"SET", b"hostile:big", &vec![b'x'; 100_000]], &mut cmd);
+            for _ in 0..100 {
+                resp::encode(&[b"GET", b"hostile:big"], &mut cmd);
+            }
+            s.write_all(&cmd)?;
+            // never read: our 4 KiB RX buffer fills and is never handed back
+            std::thread::sleep(hold);
+            let _ = s.pump()?;
+            return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
+        }
+        "disconnect-mid-write" => {
+            s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100\r\nabc")?;
+            s.endpoint().disconnect();
+            return Ok(Outcome::StillOpen);
+        }
+        "die" => {
+            s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100\r\nabc")?;
+            std::process::exit(0);
+        }
+        other => return Err(ClientError::Refused(format!("unknown hostile case {other}"))),
+    }
+    // a violation: the server should close us promptly
+    for _ in 0..50 {
+        match s.settle(Duration::from_millis(100)) {
+            Err(ClientError::PeerGone) => return Ok(Outcome::ClosedByServer),
+            Err(e) => return Err(e),
+            Ok(()) if s.is_gone() => return Ok(Outcome::ClosedByServer),
+            Ok(()) => {}
+        }
+    }
+    Ok(Outcome::StillOpen)
+}
