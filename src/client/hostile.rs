@@ -37,7 +37,8 @@ fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
 
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
 pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
-    let opts = Options { rx_size: if case == "no-read" { 4096 } else { Options::default().rx_size }, ..Options::default() };
+    let opts =
+        Options { rx_size: if case == "no-read" { 4096 } else { Options::default().rx_size }, ..Options::default() };
     let mut s = RdmaStream::connect(addr, &opts)?;
     match case {
         "short-control" => s.endpoint().post_send_raw(&control(2)[..16])?,

@@ -88,9 +88,12 @@ pub struct RdmaStream {
 }
 
 fn wait_readable(fds: &[i32], timeout: Duration) -> bool {
-    let mut p: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let mut p: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     // SAFETY: `p` is a live array of pollfd of the length passed.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    let n = unsafe {
+        libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout.as_millis().min(i32::MAX as u128) as i32)
+    };
     n > 0
 }
 
@@ -103,7 +106,7 @@ impl RdmaStream {
             .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
         verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
         let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
-        let id = CmId::new(&channel, std::ptr::null_mut())?;
+        let id = CmId::new(&channel)?;
         let deadline = Instant::now() + opts.timeout;
         id.resolve_addr(&addr, 2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
         expect_event(&channel, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &addr)?;
@@ -141,13 +144,19 @@ impl RdmaStream {
         for c in completions {
             match c {
                 Completion::Control { bytes, len } => {
-                    match self.session.on_control(&bytes[..(len as usize).min(32)]).map_err(|v: Violation| ClientError::Protocol(v.to_string()))? {
+                    match self
+                        .session
+                        .on_control(&bytes[..(len as usize).min(32)])
+                        .map_err(|v: Violation| ClientError::Protocol(v.to_string()))?
+                    {
                         SessionEvent::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
                         SessionEvent::ServerFeatures(f) => self.server_features = Some(f),
                         _ => {}
                     }
                 }
-                Completion::Data { imm } => self.session.on_data(imm).map_err(|v| ClientError::Protocol(v.to_string()))?,
+                Completion::Data { imm } => {
+                    self.session.on_data(imm).map_err(|v| ClientError::Protocol(v.to_string()))?
+                }
                 Completion::Failed { .. } => {
                     self.gone = true;
                     return Err(ClientError::PeerGone);
@@ -156,7 +165,10 @@ impl RdmaStream {
         }
         while let Some(e) = self.channel.next_event()? {
             progressed = true;
-            if matches!(e.kind(), ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT | ev::RDMA_CM_EVENT_DEVICE_REMOVAL) {
+            if matches!(
+                e.kind(),
+                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+            ) {
                 self.gone = true;
             }
         }

@@ -54,10 +54,9 @@ impl std::fmt::Display for Violation {
             Violation::BadRegisterLength(n) => {
                 write!(f, "RegisterXferMemory with length {n} (allowed 1..={MAX_PEER_RX_SIZE})")
             }
-            Violation::RxOverrun { offset, imm, len } => write!(
-                f,
-                "RDMA write of {imm} bytes at offset {offset} overruns the {len}-byte RX buffer"
-            ),
+            Violation::RxOverrun { offset, imm, len } => {
+                write!(f, "RDMA write of {imm} bytes at offset {offset} overruns the {len}-byte RX buffer")
+            }
         }
     }
 }

@@ -72,11 +72,9 @@ impl Session {
             (Role::Server, ControlMessage::GetServerFeature { select_raw, .. }) => {
                 Ok(SessionEvent::Reply(ControlMessage::GetServerFeature { select_raw, features: 0 }))
             }
-            (Role::Server, ControlMessage::SetClientFeature { features, .. }) => Ok(if features == 0 {
-                SessionEvent::None
-            } else {
-                SessionEvent::UnsupportedFeatures(features)
-            }),
+            (Role::Server, ControlMessage::SetClientFeature { features, .. }) => {
+                Ok(if features == 0 { SessionEvent::None } else { SessionEvent::UnsupportedFeatures(features) })
+            }
             (Role::Client, ControlMessage::GetServerFeature { features, .. }) => {
                 Ok(SessionEvent::ServerFeatures(features))
             }
@@ -112,13 +110,25 @@ mod tests {
     }
 
     fn pair(server_rx: u32, client_rx: u32) -> (Peer, Peer) {
-        let mut server = Peer { s: Session::new(Role::Server, 0x5000, server_rx, 1), rx_buf: vec![0; server_rx as usize], app_in: vec![] };
-        let mut client = Peer { s: Session::new(Role::Client, 0x9000, client_rx, 2), rx_buf: vec![0; client_rx as usize], app_in: vec![] };
+        let mut server = Peer {
+            s: Session::new(Role::Server, 0x5000, server_rx, 1),
+            rx_buf: vec![0; server_rx as usize],
+            app_in: vec![],
+        };
+        let mut client = Peer {
+            s: Session::new(Role::Client, 0x9000, client_rx, 2),
+            rx_buf: vec![0; client_rx as usize],
+            app_in: vec![],
+        };
         // ESTABLISHED: both advertise their RX buffers.
         let to_client = server.s.register_rx().encode();
         let to_server = client.s.register_rx().encode();
-        assert!(matches!(client.s.on_control(&to_client), Ok(SessionEvent::PeerRxRegistered { len, resized: true }) if len == server_rx));
-        assert!(matches!(server.s.on_control(&to_server), Ok(SessionEvent::PeerRxRegistered { len, resized: true }) if len == client_rx));
+        assert!(
+            matches!(client.s.on_control(&to_client), Ok(SessionEvent::PeerRxRegistered { len, resized: true }) if len == server_rx)
+        );
+        assert!(
+            matches!(server.s.on_control(&to_server), Ok(SessionEvent::PeerRxRegistered { len, resized: true }) if len == client_rx)
+        );
         (server, client)
     }
 
@@ -141,7 +151,10 @@ mod tests {
             let n = max_read.min(r.len());
             to.app_in.extend_from_slice(&to.rx_buf[r.start..r.start + n]);
             if let Some(msg) = to.s.consume(n) {
-                assert!(matches!(from.s.on_control(&msg.encode()), Ok(SessionEvent::PeerRxRegistered { resized: false, .. })));
+                assert!(matches!(
+                    from.s.on_control(&msg.encode()),
+                    Ok(SessionEvent::PeerRxRegistered { resized: false, .. })
+                ));
             }
         }
     }

@@ -105,8 +105,10 @@ pub struct ConnectionType<GetType, Connect, Tail> {
 pub type SyncIo = unsafe extern "C" fn(*mut Connection, *mut c_char, isize, c_longlong) -> isize;
 pub type GetType81 = Option<unsafe extern "C" fn(*mut Connection) -> *const c_char>;
 pub type GetType9 = Option<unsafe extern "C" fn() -> c_int>;
-pub type Connect81 = Option<unsafe extern "C" fn(*mut Connection, *const c_char, c_int, *const c_char, ConnHandler) -> c_int>;
-pub type Connect9 = Option<unsafe extern "C" fn(*mut Connection, *const c_char, c_int, *const c_char, c_int, ConnHandler) -> c_int>;
+pub type Connect81 =
+    Option<unsafe extern "C" fn(*mut Connection, *const c_char, c_int, *const c_char, ConnHandler) -> c_int>;
+pub type Connect9 =
+    Option<unsafe extern "C" fn(*mut Connection, *const c_char, c_int, *const c_char, c_int, ConnHandler) -> c_int>;
 type Unused = Option<unsafe extern "C" fn()>;
 
 /// 8.1: `get_peer_cert`, `connIntegrityChecked`.

@@ -107,7 +107,8 @@ pub unsafe fn config_get(ctx: *mut Ctx, name: &str) -> Option<String> {
 /// `ctx` must be a live module context on the main thread.
 pub unsafe fn config_set(ctx: *mut Ctx, name: &str, value: &str) -> Result<(), String> {
     let call = raw::ValkeyModule_Call.ok_or("no module API")?;
-    let (name, value) = (CString::new(name).map_err(|e| e.to_string())?, CString::new(value).map_err(|e| e.to_string())?);
+    let (name, value) =
+        (CString::new(name).map_err(|e| e.to_string())?, CString::new(value).map_err(|e| e.to_string())?);
     // "E": return errors as a reply instead of only logging them.
     let reply = call(ctx, c"CONFIG".as_ptr(), c"cccE".as_ptr(), c"SET".as_ptr(), name.as_ptr(), value.as_ptr());
     if reply.is_null() {
@@ -140,13 +141,13 @@ unsafe fn reply_string(reply: *mut raw::ValkeyModuleCallReply) -> Option<String>
 pub type FdCallback = unsafe extern "C" fn(c_int, *mut c_void, c_int);
 
 /// Watches `fd` for readability in the server's event loop (main thread).
-pub fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> bool {
-    // SAFETY: the callback has the EventLoopFunc signature; `data` is handed back as is.
-    unsafe {
-        raw::ValkeyModule_EventLoopAdd.is_some_and(|f| {
-            f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int, Some(cb), data) == raw::VALKEYMODULE_OK as c_int
-        })
-    }
+///
+/// # Safety
+/// `cb` will be called with `data` until [`unwatch_fd`]: `data` must stay valid so long.
+pub unsafe fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> bool {
+    raw::ValkeyModule_EventLoopAdd.is_some_and(|f| {
+        f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int, Some(cb), data) == raw::VALKEYMODULE_OK as c_int
+    })
 }
 
 /// Stops watching an fd added with [`watch_fd`] (never a listener fd: the server

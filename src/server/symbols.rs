@@ -50,9 +50,16 @@ pub fn resolve() -> Result<&'static ServerSymbols, String> {
     // support (research §2.2 lists them per version; they agree).
     let s = unsafe {
         ServerSymbols {
-            conn_type_register: std::mem::transmute::<*mut c_void, _>(lookup(c"connTypeRegister")?),
-            accept_common_handler: std::mem::transmute::<*mut c_void, _>(lookup(c"acceptCommonHandler")?),
-            ae_delete_file_event: std::mem::transmute::<*mut c_void, _>(lookup(c"aeDeleteFileEvent")?),
+            conn_type_register: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_void) -> c_int>(
+                lookup(c"connTypeRegister")?,
+            ),
+            accept_common_handler: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut Connection, u64, u64, *mut c_char),
+            >(lookup(c"acceptCommonHandler")?),
+            ae_delete_file_event: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, c_int, c_int)>(
+                lookup(c"aeDeleteFileEvent")?,
+            ),
             server: lookup(c"server")?.cast(),
         }
     };

@@ -123,20 +123,21 @@ impl RdmaConnection {
     }
 
     /// `write`/`writev`: copies as much of `parts` as the TX window takes into the TX
-    /// buffer and posts one RDMA_WRITE_WITH_IMM. `Ok(0)`: no window now (the peer has
+    /// buffer and posts one RDMA_WRITE_WITH_IMM. `None`: the connection failed.
+    /// `Some(0)`: no window now (the peer has
     /// not consumed its RX buffer, or the send queue is full); a completion will tell.
-    pub fn write(&self, parts: &[&[u8]]) -> Result<usize, ()> {
+    pub fn write(&self, parts: &[&[u8]]) -> Option<usize> {
         if self.state() != CONN_STATE_CONNECTED || super::in_fork_child() {
-            return Err(());
+            return None;
         }
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let Some(ep) = inner.ep.as_mut() else { return Err(()) };
+        let ep = inner.ep.as_mut()?;
         if !inner.established || !ep.can_write() {
-            return Ok(0);
+            return Some(0);
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        let Some((offset, n)) = inner.session.tx.reserve(total) else { return Ok(0) };
+        let Some((offset, n)) = inner.session.tx.reserve(total) else { return Some(0) };
         let mut taken = Vec::with_capacity(parts.len());
         let mut left = n as usize;
         for p in parts {
@@ -149,11 +150,11 @@ impl RdmaConnection {
         }
         let (addr, rkey) = (inner.session.tx.remote_addr, inner.session.tx.rkey);
         match ep.post_write(offset, &taken, addr, rkey) {
-            Ok(()) => Ok(n as usize),
+            Ok(()) => Some(n as usize),
             Err(e) => {
                 drop(guard);
                 self.verbs_failed(&e);
-                Err(())
+                None
             }
         }
     }
@@ -189,9 +190,14 @@ impl RdmaConnection {
                 Completion::Control { bytes, len } => {
                     match inner.session.on_control(&bytes[..(len as usize).min(bytes.len())]) {
                         Ok(SessionEvent::Reply(m)) => ep.post_control(&m).err().map(Failure::Verbs),
-                        Ok(SessionEvent::PeerRxRegistered { len, resized: true }) => ep.ensure_tx(len).err().map(Failure::Verbs),
+                        Ok(SessionEvent::PeerRxRegistered { len, resized: true }) => {
+                            ep.ensure_tx(len).err().map(Failure::Verbs)
+                        }
                         Ok(SessionEvent::UnsupportedFeatures(f)) => {
-                            log::debug!("RDMA client {}: SetClientFeature {f:#x} is not supported; ignored", self.peer_name());
+                            log::debug!(
+                                "RDMA client {}: SetClientFeature {f:#x} is not supported; ignored",
+                                self.peer_name()
+                            );
                             None
                         }
                         Ok(_) => None,
@@ -207,9 +213,10 @@ impl RdmaConnection {
             None => {}
             Some(Failure::Verbs(e)) => self.verbs_failed(&e),
             Some(Failure::Protocol(v)) => self.violation(&v),
-            Some(Failure::WorkRequest { status, vendor_err }) => {
-                self.fail(libc::EIO, &format!("work request failed (ibv_wc_status {status}, vendor error {vendor_err:#x})"))
-            }
+            Some(Failure::WorkRequest { status, vendor_err }) => self.fail(
+                libc::EIO,
+                &format!("work request failed (ibv_wc_status {status}, vendor error {vendor_err:#x})"),
+            ),
         }
     }
 
@@ -230,8 +237,18 @@ impl RdmaConnection {
 
     /// The peer went away (DISCONNECTED and friends).
     pub fn on_disconnected(&self) {
-        let _ = self.conn.state.compare_exchange(CONN_STATE_CONNECTED, CONN_STATE_CLOSED, Ordering::AcqRel, Ordering::Acquire);
-        let _ = self.conn.state.compare_exchange(CONN_STATE_ACCEPTING, CONN_STATE_CLOSED, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.conn.state.compare_exchange(
+            CONN_STATE_CONNECTED,
+            CONN_STATE_CLOSED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        let _ = self.conn.state.compare_exchange(
+            CONN_STATE_ACCEPTING,
+            CONN_STATE_CLOSED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     pub fn send_keepalive(&self) {
@@ -251,9 +268,12 @@ impl RdmaConnection {
         }
     }
 
-    /// The rdma_cm id, to set its context once the connection has its final address.
-    pub fn with_id_ptr(&self) -> *mut rdma_sys::rdma_cm_id {
-        self.lock().ep.as_ref().map_or(std::ptr::null_mut(), |e| e.id().as_ptr())
+    /// Points the rdma_cm id's context at this connection, so that its CM events
+    /// (ESTABLISHED, DISCONNECTED) find it.
+    pub fn set_cm_context(&self) {
+        if let Some(ep) = self.lock().ep.as_ref() {
+            ep.id().set_context((self as *const Self).cast_mut().cast());
+        }
     }
 
     pub fn accept_cm(&self, param: &mut rdma_sys::rdma_conn_param) -> Result<(), VerbsError> {
@@ -373,6 +393,10 @@ pub unsafe fn queue_if_due(c: *mut RdmaConnection) {
 }
 
 /// The completion channel fd is readable (registered with EventLoopAdd).
+///
+/// # Safety
+/// Called by the event loop with the `data` given to `watch_fd`: a connection pointer,
+/// checked against the live set before use.
 pub unsafe extern "C" fn on_completion_fd(_fd: c_int, data: *mut c_void, _mask: c_int) {
     let c = data.cast::<RdmaConnection>();
     crate::transport::conntype::guard((), || {

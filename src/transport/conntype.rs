@@ -50,7 +50,13 @@ unsafe extern "C" fn ae_handler(_el: *mut c_void, fd: c_int, data: *mut c_void, 
     connection::on_completion_fd(fd, data, mask)
 }
 
-unsafe extern "C" fn addr(c: *mut Connection, ip: *mut c_char, ip_len: usize, port: *mut c_int, remote: c_int) -> c_int {
+unsafe extern "C" fn addr(
+    c: *mut Connection,
+    ip: *mut c_char,
+    ip_len: usize,
+    port: *mut c_int,
+    remote: c_int,
+) -> c_int {
     guard(C_ERR, || {
         let a = if remote != 0 { (*rc(c)).peer } else { (*rc(c)).local };
         let Some(a) = a else { return C_ERR };
@@ -100,10 +106,23 @@ unsafe extern "C" fn close(c: *mut Connection) {
     guard((), || connection::close(rc(c)))
 }
 
-unsafe extern "C" fn connect_81(_: *mut Connection, _: *const c_char, _: c_int, _: *const c_char, _: ConnHandler) -> c_int {
+unsafe extern "C" fn connect_81(
+    _: *mut Connection,
+    _: *const c_char,
+    _: c_int,
+    _: *const c_char,
+    _: ConnHandler,
+) -> c_int {
     C_ERR
 }
-unsafe extern "C" fn connect_9(_: *mut Connection, _: *const c_char, _: c_int, _: *const c_char, _: c_int, _: ConnHandler) -> c_int {
+unsafe extern "C" fn connect_9(
+    _: *mut Connection,
+    _: *const c_char,
+    _: c_int,
+    _: *const c_char,
+    _: c_int,
+    _: ConnHandler,
+) -> c_int {
     C_ERR
 }
 unsafe extern "C" fn blocking_connect(_: *mut Connection, _: *const c_char, _: c_int, _: c_longlong) -> c_int {
@@ -132,10 +151,7 @@ unsafe extern "C" fn write(c: *mut Connection, data: *const c_void, len: usize) 
             return 0;
         }
         let buf = std::slice::from_raw_parts(data.cast::<u8>(), len);
-        match (*rc(c)).write(&[buf]) {
-            Ok(n) => n as c_int,
-            Err(()) => -1,
-        }
+        (*rc(c)).write(&[buf]).map_or(-1, |n| n as c_int)
     })
 }
 
@@ -151,10 +167,7 @@ unsafe extern "C" fn writev(c: *mut Connection, iov: *const libc::iovec, iovcnt:
         if parts.is_empty() {
             return 0;
         }
-        match (*rc(c)).write(&parts) {
-            Ok(n) => n as c_int,
-            Err(()) => -1,
-        }
+        (*rc(c)).write(&parts).map_or(-1, |n| n as c_int)
     })
 }
 
@@ -278,15 +291,24 @@ macro_rules! connection_type {
     };
 }
 
-static CT_81: ConnectionType81 = connection_type!(get_type_81, connect_81, Tail81 { get_peer_cert: None, conn_integrity_checked: None });
-static CT_910: ConnectionType910 =
-    connection_type!(get_type_9, connect_9, Tail910 { get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None });
+static CT_81: ConnectionType81 =
+    connection_type!(get_type_81, connect_81, Tail81 { get_peer_cert: None, conn_integrity_checked: None });
+static CT_910: ConnectionType910 = connection_type!(
+    get_type_9,
+    connect_9,
+    Tail910 { get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None }
+);
 /// `sync_handlers_in_update_state = 0`: our `update_state` only queues work for
 /// `process_pending_data`, it never runs handlers itself.
 static CT_912: ConnectionType912 = connection_type!(
     get_type_9,
     connect_9,
-    Tail912 { sync_handlers_in_update_state: 0, get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None }
+    Tail912 {
+        sync_handlers_in_update_state: 0,
+        get_peer_cert: None,
+        get_peer_user: None,
+        conn_integrity_checked: None
+    }
 );
 
 /// The table for the running server's layout.

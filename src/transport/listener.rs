@@ -35,7 +35,8 @@ fn conn_events() -> Result<&'static EventChannel, VerbsError> {
         return Ok(ch);
     }
     let ch = EventChannel::new()?;
-    if !api::watch_fd(ch.fd(), on_conn_events, std::ptr::null_mut()) {
+    // SAFETY: no data pointer; the channel lives for the rest of the process (static).
+    if !unsafe { api::watch_fd(ch.fd(), on_conn_events, std::ptr::null_mut()) } {
         return Err(VerbsError::with("EventLoopAdd(connection CM channel)", libc::EINVAL));
     }
     Ok(CONN_EVENTS.get_or_init(|| ch))
@@ -58,7 +59,11 @@ fn explain(e: &VerbsError, addr: Option<&SocketAddr>) -> String {
         (_, libc::EACCES | libc::EPERM) => "permission denied: run the server as a user that may use /dev/infiniband".to_string(),
         _ => String::new(),
     };
-    if hint.is_empty() { what } else { format!("{what} ({hint})") }
+    if hint.is_empty() {
+        what
+    } else {
+        format!("{what} ({hint})")
+    }
 }
 
 /// Whether the host has any RDMA device; logs why not.
@@ -146,7 +151,10 @@ pub fn listen(listener: &mut ConnListener) -> c_int {
         let addr = SocketAddr::new(b.ip, port);
         match open_endpoint(&addr) {
             Ok(ep) => made.push(Arc::new(ep)),
-            Err(e) if b.optional && matches!(e.errno, libc::EADDRNOTAVAIL | libc::ENODEV | libc::EAFNOSUPPORT | libc::EINVAL) => {
+            Err(e)
+                if b.optional
+                    && matches!(e.errno, libc::EADDRNOTAVAIL | libc::ENODEV | libc::EAFNOSUPPORT | libc::EINVAL) =>
+            {
                 log::debug!("RDMA: optional address {addr} skipped: {e}");
             }
             Err(e) => {
@@ -176,14 +184,12 @@ fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
 
 fn current_addrs(listener: &ConnListener) -> Vec<SocketAddr> {
     let reg = lock(&LISTENING);
-    (0..listener.count.max(0) as usize)
-        .filter_map(|i| reg.as_ref()?.get(&listener.fd[i]).map(|e| e.addr))
-        .collect()
+    (0..listener.count.max(0) as usize).filter_map(|i| reg.as_ref()?.get(&listener.fd[i]).map(|e| e.addr)).collect()
 }
 
 fn open_endpoint(addr: &SocketAddr) -> Result<ListenEndpoint, VerbsError> {
     let channel = EventChannel::new()?;
-    let id = CmId::new(&channel, std::ptr::null_mut())?;
+    let id = CmId::new(&channel)?;
     if addr.is_ipv6() {
         id.set_afonly()?;
     }
@@ -266,9 +272,8 @@ fn accept_one(raw_id: *mut rdma_sys::rdma_cm_id) {
     let conn = Box::into_raw(RdmaConnection::new(ep, ty));
     // SAFETY: `conn` was just allocated and is not shared yet.
     let c = unsafe { &*conn };
-    let ep_id = c.with_id_ptr();
-    // SAFETY: the id is live inside the endpoint; context is ours.
-    unsafe { (*ep_id).context = conn.cast() };
+    c.set_cm_context();
+    // SAFETY: all-zero is a valid rdma_conn_param (no private data).
     let mut param: rdma_conn_param = unsafe { std::mem::zeroed() };
     param.responder_resources = 1;
     param.initiator_depth = 1;
@@ -283,7 +288,8 @@ fn accept_one(raw_id: *mut rdma_sys::rdma_cm_id) {
         return;
     }
     live_insert(ConnPtr(conn));
-    if !api::watch_fd(c.conn.fd, crate::transport::connection::on_completion_fd, conn.cast()) {
+    // SAFETY: `conn` stays allocated until close(), which unwatches the fd first.
+    if !unsafe { api::watch_fd(c.conn.fd, crate::transport::connection::on_completion_fd, conn.cast()) } {
         log::warn!("RDMA: client {} refused: cannot watch its completion channel", c.peer_name());
         // SAFETY: as above.
         unsafe { close(conn) };
@@ -330,6 +336,9 @@ unsafe extern "C" fn on_conn_events(_fd: c_int, _data: *mut c_void, _mask: c_int
 
 /// Every [`crate::protocol::KEEPALIVE_MS`]: a Keepalive to every established client
 /// (upstream sends them; clients only re-post the receive).
+///
+/// # Safety
+/// Called by the server's timer with a live module context, on the main thread.
 pub unsafe extern "C" fn keepalive_tick(ctx: *mut api::Ctx, _data: *mut c_void) {
     crate::transport::conntype::guard((), || {
         for c in live_snapshot() {

@@ -96,7 +96,11 @@ fn dlerror() -> String {
     // until the next dl* call on this thread; it is copied at once.
     unsafe {
         let e = libc::dlerror();
-        if e.is_null() { "unknown error".into() } else { CStr::from_ptr(e).to_string_lossy().into_owned() }
+        if e.is_null() {
+            "unknown error".into()
+        } else {
+            CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
     }
 }
 

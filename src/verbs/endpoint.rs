@@ -108,7 +108,13 @@ impl Endpoint {
             set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with("fcntl(O_NONBLOCK)", e))?;
             let vectors = (*verbs).num_comp_vectors.max(1) as u32;
             ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
-            ep.cq = (l.ibv_create_cq)(verbs, (RX_SLOTS + TX_SLOTS) as i32, std::ptr::null_mut(), ep.comp_channel, ep.comp_vector);
+            ep.cq = (l.ibv_create_cq)(
+                verbs,
+                (RX_SLOTS + TX_SLOTS) as i32,
+                std::ptr::null_mut(),
+                ep.comp_channel,
+                ep.comp_vector,
+            );
             if ep.cq.is_null() {
                 return Err(VerbsError::last("ibv_create_cq"));
             }
@@ -123,7 +129,11 @@ impl Endpoint {
             if (l.rdma_create_qp)(ep.id.as_ptr(), ep.pd, &mut attr) != 0 {
                 return Err(VerbsError::last("rdma_create_qp"));
             }
-            ep.ctrl_mr = ep.register(ep.ctrl_buf.as_ptr(), ep.ctrl_buf.len(), ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32)?;
+            ep.ctrl_mr = ep.register(
+                ep.ctrl_buf.as_ptr(),
+                ep.ctrl_buf.len(),
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+            )?;
             ep.rx_mr = ep.register(ep.rx_buf.as_ptr(), cfg.rx_size as usize, remote_access())?;
         }
         for slot in 0..RX_SLOTS {
@@ -223,7 +233,8 @@ impl Endpoint {
         if self.sq_room() == 0 {
             return Err(VerbsError::with("control send: send queue full", libc::ENOBUFS));
         }
-        let slot = self.free_tx_slots.pop().ok_or(VerbsError::with("control send: no free slot", libc::ENOBUFS))? as usize;
+        let slot =
+            self.free_tx_slots.pop().ok_or(VerbsError::with("control send: no free slot", libc::ENOBUFS))? as usize;
         let off = (RX_SLOTS + slot) * CONTROL_MESSAGE_LEN;
         // SAFETY: the slot is ours (taken from the free list) until its completion.
         unsafe { self.ctrl_buf.as_mut_slice()[off..off + CONTROL_MESSAGE_LEN].copy_from_slice(&msg.encode()) };
@@ -279,7 +290,14 @@ impl Endpoint {
 
     /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
     /// peer (`client::hostile`) sends an immediate that differs from the length.
-    pub fn post_write_imm(&mut self, offset: u32, parts: &[&[u8]], remote_addr: u64, rkey: u32, imm: u32) -> Result<()> {
+    pub fn post_write_imm(
+        &mut self,
+        offset: u32,
+        parts: &[&[u8]],
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<()> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("write before RegisterXferMemory", libc::ENOTCONN))?;
         let mut at = offset as usize;
@@ -320,7 +338,8 @@ impl Endpoint {
         // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
         unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
         // SAFETY: inside the TX buffer; the MR is live.
-        let mut sge = ibv_sge { addr: buf.as_ptr() as u64, length: bytes.len() as u32, lkey: unsafe { (*self.tx_mr).lkey } };
+        let mut sge =
+            ibv_sge { addr: buf.as_ptr() as u64, length: bytes.len() as u32, lkey: unsafe { (*self.tx_mr).lkey } };
         // SAFETY: all-zero is a valid ibv_send_wr.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.sg_list = &mut sge;

@@ -110,10 +110,13 @@ unsafe impl Send for CmId {}
 unsafe impl Sync for CmId {}
 
 impl CmId {
-    pub fn new(channel: &EventChannel, context: *mut c_void) -> Result<Self> {
+    pub fn new(channel: &EventChannel) -> Result<Self> {
         let mut id = std::ptr::null_mut();
         // SAFETY: the channel is live; `id` receives a new id owned by the result.
-        if unsafe { (loaded().rdma_create_id)(channel.as_ptr(), &mut id, context, rdma_port_space::RDMA_PS_TCP) } != 0 {
+        let rc = unsafe {
+            (loaded().rdma_create_id)(channel.as_ptr(), &mut id, std::ptr::null_mut(), rdma_port_space::RDMA_PS_TCP)
+        };
+        if rc != 0 {
             return Err(VerbsError::last("rdma_create_id"));
         }
         NonNull::new(id).map(CmId).ok_or_else(|| VerbsError::with("rdma_create_id", libc::EINVAL))
@@ -132,8 +135,10 @@ impl CmId {
         // SAFETY: the id is live while self is; rdma_cm only changes it inside calls.
         unsafe { self.0.as_ref() }
     }
+    /// Stores a pointer in the id's user field (returned with its CM events). The
+    /// pointer is never dereferenced here.
     pub fn set_context(&self, ctx: *mut c_void) {
-        // SAFETY: `context` is the user's field; librdmacm never reads it.
+        // SAFETY: `context` is the user's field of a live id; librdmacm never reads it.
         unsafe { (*self.0.as_ptr()).context = ctx }
     }
     pub fn migrate(&self, channel: &EventChannel) -> Result<()> {
@@ -222,7 +227,11 @@ const RDMA_OPTION_LEVEL_ID: i32 = 0;
 const RDMA_OPTION_ID_AFONLY: i32 = 2;
 
 fn check(rc: i32, what: &'static str) -> Result<()> {
-    if rc == 0 { Ok(()) } else { Err(VerbsError::last(what)) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(VerbsError::last(what))
+    }
 }
 
 pub fn set_nonblocking(fd: i32) -> std::result::Result<(), i32> {
@@ -314,8 +323,14 @@ impl PinnedBuffer {
         let map_len = len + 2 * page;
         // SAFETY: an anonymous private mapping; the result is checked.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE,
-                       libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(VerbsError::last("mmap"));

