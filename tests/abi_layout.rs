@@ -9,19 +9,10 @@ use std::process::Command;
 
 use rdma::server::abi::*;
 
+mod common;
+
 fn tree(name: &str) -> Option<PathBuf> {
-    let bed = std::env::var_os("VALKEY_RDMA_TESTBED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/valkey-rdma-testbed"));
-    let t = bed.join(name);
-    if t.join("src/connection.h").exists() {
-        Some(t)
-    } else if std::env::var_os("RUNTEST_RDMA").is_some() {
-        panic!("no reference tree {}", t.display());
-    } else {
-        eprintln!("skipped: no reference tree {} (./runtest-rdma builds it)", t.display());
-        None
-    }
+    common::reference(name, "src/connection.h")
 }
 
 const PROBE: &str = r#"

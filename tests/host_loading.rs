@@ -6,18 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn testbed() -> Option<PathBuf> {
-    let dir = std::env::var_os("VALKEY_RDMA_TESTBED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/valkey-rdma-testbed"));
-    if dir.join("valkey-9.1.2/.testbed-built").exists() {
-        Some(dir)
-    } else if std::env::var_os("RUNTEST_RDMA").is_some() {
-        panic!("the test bed has no reference builds in {}", dir.display());
-    } else {
-        eprintln!("skipped: no reference builds in {} (./runtest-rdma builds them)", dir.display());
-        None
-    }
+    common::reference("valkey-9.1.2", ".testbed-built").map(|t| t.parent().unwrap().to_path_buf())
 }
 
 fn module() -> PathBuf {

@@ -78,9 +78,19 @@ fn check_devices() -> bool {
         }
     }
     if n == 0 {
-        log::warn!(
-            "RDMA: no RDMA device found: load the driver of your NIC, or create a Soft-RoCE device (rdma link add rxe0 type rxe netdev IFACE), then restart"
-        );
+        let in_sysfs: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        if in_sysfs.is_empty() {
+            log::warn!(
+                "RDMA: no RDMA device found: load the driver of your NIC, or create a Soft-RoCE device (rdma link add rxe0 type rxe netdev IFACE), then restart"
+            );
+        } else {
+            log::warn!(
+                "RDMA: the kernel has RDMA devices ({}) but this process cannot open them: /dev/infiniband is missing or not accessible; load the user-space access modules (modprobe ib_uverbs; modprobe rdma_ucm) and check the permissions of /dev/infiniband/*",
+                in_sysfs.join(", ")
+            );
+        }
     }
     n > 0
 }

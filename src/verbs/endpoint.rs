@@ -311,21 +311,30 @@ impl Endpoint {
             dst[at..at + p.len()].copy_from_slice(p);
             at += p.len();
         }
+        self.post_from_tx(offset, total as u32, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, |wr| {
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            wr.wr.rdma = rdma_t { remote_addr: remote_addr + offset as u64, rkey };
+        })
+    }
+
+    /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
+    fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("post before RegisterXferMemory", libc::ENOTCONN))?;
         let mut sge = ibv_sge {
-            // SAFETY: inside the TX buffer (checked above).
+            // SAFETY: callers checked offset + len against the TX buffer.
             addr: unsafe { buf.as_ptr().add(offset as usize) } as u64,
-            length: total as u32,
-            // SAFETY: the MR is live.
+            length: len,
+            // SAFETY: the MR is live while the TX buffer is.
             lkey: unsafe { (*self.tx_mr).lkey },
         };
-        // SAFETY: all-zero is a valid ibv_send_wr.
+        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-        wr.wr.rdma = rdma_t { remote_addr: remote_addr + offset as u64, rkey };
-        self.post_send(&mut wr, 0, false)
+        wr.opcode = opcode;
+        fill(&mut wr);
+        let always_signal = opcode == ibv_wr_opcode::IBV_WR_SEND;
+        self.post_send(&mut wr, 0, always_signal)
     }
 
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
@@ -337,15 +346,7 @@ impl Endpoint {
         }
         // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
         unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
-        // SAFETY: inside the TX buffer; the MR is live.
-        let mut sge =
-            ibv_sge { addr: buf.as_ptr() as u64, length: bytes.len() as u32, lkey: unsafe { (*self.tx_mr).lkey } };
-        // SAFETY: all-zero is a valid ibv_send_wr.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        self.post_send(&mut wr, 0, true)
+        self.post_from_tx(0, bytes.len() as u32, ibv_wr_opcode::IBV_WR_SEND, |_| {})
     }
 
     /// Consumes a pending notification of the completion channel (if any), re-arms
