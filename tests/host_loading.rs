@@ -246,3 +246,14 @@ fn the_module_does_not_link_rdma_libraries_and_exports_only_its_entry_points() {
         .collect();
     assert_eq!(exported, vec!["ValkeyModule_OnLoad", "ValkeyModule_OnUnload"]);
 }
+
+#[test]
+fn the_client_says_there_is_no_rdma_device() {
+    // This machine has no RDMA device: the first error a user of the client can act on.
+    let cli = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/valkey-rdma-cli");
+    assert!(cli.exists(), "build it first: cargo build --release");
+    let out = Command::new(cli).args(["-h", "127.0.0.1", "-p", "6379", "PING"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no RDMA device"), "{err}");
+}

@@ -1,7 +1,7 @@
 //! valkey-rdma-cli: send one command to a Valkey server over RDMA and print the reply
 //! as valkey-cli does.
 //!
-//!   valkey-rdma-cli [-h HOST] [-p PORT] [-x] [--raw|--no-raw] COMMAND [ARG...]
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
 
 use std::io::{IsTerminal, Read, Write};
@@ -10,8 +10,9 @@ use std::time::Duration;
 use rdma::client::{hostile, resp, Client, Options, Reply};
 
 fn usage() -> ! {
-    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-x] [--raw|--no-raw] COMMAND [ARG...]");
+    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
+    eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
     eprintln!("hostile cases (for robustness tests):");
     for (name, what) in hostile::CASES {
@@ -24,6 +25,7 @@ fn main() {
     let mut host = "127.0.0.1".to_string();
     let mut port = 6379u16;
     let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);
+    let mut opts = Options::default();
     let mut raw = !std::io::stdout().is_terminal();
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -32,6 +34,10 @@ fn main() {
             "-h" if words.is_empty() => host = args.next().unwrap_or_else(|| usage()),
             "-p" if words.is_empty() => port = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
             "-x" if words.is_empty() => stdin_arg = true,
+            "-t" if words.is_empty() => {
+                opts.timeout =
+                    Duration::from_secs_f64(args.next().and_then(|t| t.parse().ok()).unwrap_or_else(|| usage()))
+            }
             "--raw" if words.is_empty() => raw = true,
             "--no-raw" if words.is_empty() => raw = false,
             "--hostile" if words.is_empty() => hostile_case = Some(args.next().unwrap_or_else(|| usage())),
@@ -59,7 +65,7 @@ fn main() {
     if words.is_empty() {
         usage();
     }
-    let mut client = Client::connect(addr.as_str(), Options::default()).unwrap_or_else(|e| {
+    let mut client = Client::connect(addr.as_str(), opts).unwrap_or_else(|e| {
         eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
         std::process::exit(1)
     });

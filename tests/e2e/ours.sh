@@ -222,3 +222,14 @@ case_bench_smoke() {  # valkey-rdma-bench: a run with JSON output, and a small s
     [ "$(grep -c '<rect' "$WORK/compare.svg")" = 3 ] || { fail "the plot does not have 3 bars"; return 1; }
 }
 run_case "ours valkey-rdma-bench smoke run and comparison" case_bench_smoke
+
+case_client_errors() {  # the client library's errors a user can act on: timeout, peer gone
+    local rcli=$PROJECT_ROOT/target/release/valkey-rdma-cli out
+    start_server clierr "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --enable-debug-command yes || return 1
+    out=$(timeout 30 "$rcli" -h "$RDMA_ADDR" -p "$PORT" -t 1 DEBUG SLEEP 4 2>&1); echo "# -t 1 DEBUG SLEEP 4: $out"
+    case "$out" in *"timed out waiting for a reply"*) ;; *) fail "no timeout error"; return 1 ;; esac
+    sleep 4
+    out=$(timeout 30 "$rcli" -h "$RDMA_ADDR" -p "$PORT" SHUTDOWN NOSAVE 2>&1); echo "# SHUTDOWN NOSAVE: $out"
+    case "$out" in *"the server closed the connection"*) ;; *) fail "no peer-gone error"; return 1 ;; esac
+}
+run_case "ours client errors: timeout and peer gone" case_client_errors
