@@ -51,7 +51,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
         }
         "imm-overrun" => {
             let (remote, rkey, len) = (s.session.tx.remote_addr, s.session.tx.rkey, s.session.tx.len());
-            s.endpoint().post_write_imm(0, &[b"*"], remote, rkey, len + 1)?
+            s.endpoint().post_write_imm(0, &[b"*"], 1, remote, rkey, len + 1)?
         }
         "flood" => {
             for _ in 0..5000 {

@@ -216,7 +216,7 @@ impl RdmaStream {
         }
         let Some((offset, n)) = self.session.tx.reserve(data.len()) else { return Ok(0) };
         let (addr, rkey) = (self.session.tx.remote_addr, self.session.tx.rkey);
-        self.ep.post_write(offset, &[&data[..n as usize]], addr, rkey)?;
+        self.ep.post_write(offset, &[data], n, addr, rkey)?;
         Ok(n as usize)
     }
 

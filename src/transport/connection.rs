@@ -32,6 +32,8 @@ struct Inner {
     established: bool,
     /// Bytes handed to the server by `read`, to tell whether a handler made progress.
     bytes_read: u64,
+    /// Reused for each drain of the completion queue (no allocation per event).
+    completions: Vec<Completion>,
 }
 
 impl RdmaConnection {
@@ -55,7 +57,13 @@ impl RdmaConnection {
             postpone: AtomicI32::new(0),
             peer,
             local,
-            inner: Mutex::new(Inner { ep: Some(ep), session, established: false, bytes_read: 0 }),
+            inner: Mutex::new(Inner {
+                ep: Some(ep),
+                session,
+                established: false,
+                bytes_read: 0,
+                completions: Vec::new(),
+            }),
         })
     }
 
@@ -138,18 +146,8 @@ impl RdmaConnection {
         }
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let Some((offset, n)) = inner.session.tx.reserve(total) else { return Some(0) };
-        let mut taken = Vec::with_capacity(parts.len());
-        let mut left = n as usize;
-        for p in parts {
-            if left == 0 {
-                break;
-            }
-            let k = p.len().min(left);
-            taken.push(&p[..k]);
-            left -= k;
-        }
         let (addr, rkey) = (inner.session.tx.remote_addr, inner.session.tx.rkey);
-        match ep.post_write(offset, &taken, addr, rkey) {
+        match ep.post_write(offset, parts, n, addr, rkey) {
             Ok(()) => Some(n as usize),
             Err(e) => {
                 drop(guard);
@@ -161,6 +159,12 @@ impl RdmaConnection {
 
     fn has_unread(&self) -> bool {
         self.lock().session.rx.has_unread()
+    }
+
+    /// Bytes read so far, if unread bytes remain (one lock for the read loop's check).
+    fn unread_progress(&self) -> Option<u64> {
+        let g = self.lock();
+        g.session.rx.has_unread().then_some(g.bytes_read)
     }
 
     fn bytes_read(&self) -> u64 {
@@ -178,9 +182,10 @@ impl RdmaConnection {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(ep) = inner.ep.as_mut() else { return };
-        let mut completions = Vec::new();
+        let completions = &mut inner.completions;
+        completions.clear();
         let mut failure = ep.poll(|c| completions.push(c)).err().map(Failure::Verbs);
-        for c in completions {
+        for &c in completions.iter() {
             if failure.is_some() {
                 break;
             }
@@ -349,8 +354,8 @@ pub unsafe fn run_handlers(c: *mut RdmaConnection) {
         return;
     }
     if !(*c).postponed(CONN_POSTPONE_READ) {
-        while (*c).conn.read_handler.is_some() && (*c).has_unread() && (*c).state() == CONN_STATE_CONNECTED {
-            let before = (*c).bytes_read();
+        while (*c).conn.read_handler.is_some() && (*c).state() == CONN_STATE_CONNECTED {
+            let Some(before) = (*c).unread_progress() else { break };
             if !call_handler(c, (*c).conn.read_handler) {
                 return;
             }

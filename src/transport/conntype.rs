@@ -159,15 +159,23 @@ unsafe extern "C" fn write(c: *mut Connection, data: *const c_void, len: usize) 
 unsafe extern "C" fn writev(c: *mut Connection, iov: *const libc::iovec, iovcnt: c_int) -> c_int {
     guard(-1, || {
         let iov = std::slice::from_raw_parts(iov, iovcnt.max(0) as usize);
-        let parts: Vec<&[u8]> = iov
-            .iter()
-            .filter(|v| v.iov_len > 0)
-            .map(|v| std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len))
-            .collect();
-        if parts.is_empty() {
+        let as_slice = |v: &libc::iovec| std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len);
+        // The server passes up to IOV_MAX iovecs; the common small case stays on the stack.
+        let mut small: [&[u8]; 32] = [&[]; 32];
+        let heap: Vec<&[u8]>;
+        let parts: &[&[u8]] = if iov.len() <= small.len() {
+            for (dst, v) in small.iter_mut().zip(iov) {
+                *dst = as_slice(v);
+            }
+            &small[..iov.len()]
+        } else {
+            heap = iov.iter().map(as_slice).collect();
+            &heap
+        };
+        if parts.iter().all(|p| p.is_empty()) {
             return 0;
         }
-        (*rc(c)).write(&parts).map_or(-1, |n| n as c_int)
+        (*rc(c)).write(parts).map_or(-1, |n| n as c_int)
     })
 }
 

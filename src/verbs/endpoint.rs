@@ -281,11 +281,10 @@ impl Endpoint {
         self.sq_room() > SQ_RESERVED_FOR_CONTROL
     }
 
-    /// Copies `parts` into the TX buffer at `offset` and posts one
-    /// RDMA_WRITE_WITH_IMM of their total length to `remote_addr + offset`.
-    pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], remote_addr: u64, rkey: u32) -> Result<()> {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        self.post_write_imm(offset, parts, remote_addr, rkey, total as u32)
+    /// Copies the first `len` bytes of `parts` (in order) into the TX buffer at
+    /// `offset` and posts one RDMA_WRITE_WITH_IMM of `len` bytes to `remote_addr + offset`.
+    pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
+        self.post_write_imm(offset, parts, len, remote_addr, rkey, len)
     }
 
     /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
@@ -294,22 +293,28 @@ impl Endpoint {
         &mut self,
         offset: u32,
         parts: &[&[u8]],
+        len: u32,
         remote_addr: u64,
         rkey: u32,
         imm: u32,
     ) -> Result<()> {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let total = len as usize;
         let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("write before RegisterXferMemory", libc::ENOTCONN))?;
         let mut at = offset as usize;
-        if at + total > buf.len() {
+        let end = at + total;
+        if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
             return Err(VerbsError::with("write past the TX buffer", libc::EINVAL));
         }
         // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
         // work request still reads it (the window only reopens after the peer consumed).
         let dst = unsafe { buf.as_mut_slice() };
         for p in parts {
-            dst[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
+            let k = p.len().min(end - at);
+            dst[at..at + k].copy_from_slice(&p[..k]);
+            at += k;
+            if at == end {
+                break;
+            }
         }
         self.post_from_tx(offset, total as u32, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, |wr| {
             wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
