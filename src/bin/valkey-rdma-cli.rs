@@ -3,6 +3,7 @@
 //!
 //!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
+//!   valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS   (features, keepalives)
 
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
@@ -12,6 +13,8 @@ use rdma::client::{hostile, resp, Client, Options, Reply};
 fn usage() -> ! {
     eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
+    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
+    eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
     eprintln!("hostile cases (for robustness tests):");
@@ -26,6 +29,7 @@ fn main() {
     let mut port = 6379u16;
     let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);
     let mut opts = Options::default();
+    let mut probe = None;
     let mut raw = !std::io::stdout().is_terminal();
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -41,6 +45,7 @@ fn main() {
             "--raw" if words.is_empty() => raw = true,
             "--no-raw" if words.is_empty() => raw = false,
             "--hostile" if words.is_empty() => hostile_case = Some(args.next().unwrap_or_else(|| usage())),
+            "--probe" if words.is_empty() => probe = args.next().and_then(|p| p.parse::<f64>().ok()),
             "--hold" if words.is_empty() => hold = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
             "--help" => usage(),
             _ => words.push(a.into_bytes()),
@@ -56,6 +61,9 @@ fn main() {
             }
         }
         return;
+    }
+    if let Some(secs) = probe {
+        return run_probe(&addr, opts, Duration::from_secs_f64(secs));
     }
     if stdin_arg {
         let mut v = Vec::new();
@@ -82,6 +90,22 @@ fn main() {
         resp::format_cli(&reply, &mut s, 0);
         let _ = writeln!(out, "{s}");
     }
+}
+
+/// The control-message side of a server: what it answers to GetServerFeature, whether
+/// it accepts SetClientFeature 0, and how many Keepalives arrive in `wait`.
+fn run_probe(addr: &str, opts: Options, wait: Duration) {
+    let fail = |e: rdma::client::ClientError| -> ! {
+        eprintln!("probe {addr}: {e}");
+        std::process::exit(1)
+    };
+    let mut c = Client::connect(addr, opts).unwrap_or_else(|e| fail(e));
+    let features = c.stream().server_features().unwrap_or_else(|e| fail(e));
+    c.stream().set_client_features(0).unwrap_or_else(|e| fail(e));
+    c.stream().settle(wait).unwrap_or_else(|e| fail(e));
+    let keepalives = c.stream().keepalives;
+    let ping = c.command(&[b"PING"]).unwrap_or_else(|e| fail(e));
+    println!("features={features} keepalives={keepalives} ping={ping:?}");
 }
 
 /// valkey-cli's output when not on a terminal: bare values, one per line.

@@ -85,6 +85,8 @@ pub struct RdmaStream {
     gone: bool,
     /// Features the server reported, once asked.
     pub server_features: Option<u64>,
+    /// Keepalive messages received from the server.
+    pub keepalives: u64,
 }
 
 fn wait_readable(fds: &[i32], timeout: Duration) -> bool {
@@ -123,7 +125,15 @@ impl RdmaStream {
         expect_event(&channel, ev::RDMA_CM_EVENT_ESTABLISHED, deadline, &addr)?;
         let session = Session::new(Role::Client, ep.rx_addr(), ep.rx_len(), ep.rx_key());
         ep.post_control(&session.register_rx())?;
-        let mut s = RdmaStream { ep, channel, session, timeout: opts.timeout, gone: false, server_features: None };
+        let mut s = RdmaStream {
+            ep,
+            channel,
+            session,
+            timeout: opts.timeout,
+            gone: false,
+            server_features: None,
+            keepalives: 0,
+        };
         // Wait for the server's RegisterXferMemory: until then nothing can be written.
         while s.session.tx.is_empty() {
             s.wait(deadline, "the server's RegisterXferMemory")?;
@@ -151,6 +161,7 @@ impl RdmaStream {
                     {
                         SessionEvent::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
                         SessionEvent::ServerFeatures(f) => self.server_features = Some(f),
+                        SessionEvent::Keepalive => self.keepalives += 1,
                         _ => {}
                     }
                 }
@@ -250,12 +261,18 @@ impl RdmaStream {
         }
     }
 
+    /// Tells the server which features we want (SetClientFeature); none is defined,
+    /// so only 0 is meaningful today.
+    pub fn set_client_features(&mut self, features: u64) -> Result<()> {
+        Ok(self.ep.post_control(&ControlMessage::SetClientFeature { select_raw: [0, 0], features })?)
+    }
+
     pub(crate) fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.ep
     }
 
-    /// Runs completions for `d` (test peer: lets the server's messages arrive).
-    pub(crate) fn settle(&mut self, d: Duration) -> Result<()> {
+    /// Processes whatever arrives for `d` (lets the server's messages arrive).
+    pub fn settle(&mut self, d: Duration) -> Result<()> {
         let deadline = Instant::now() + d;
         while Instant::now() < deadline {
             match self.wait(deadline, "nothing") {

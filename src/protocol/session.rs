@@ -15,8 +15,10 @@ pub enum Role {
 /// What a received control message asks of the transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEvent {
-    /// Nothing to do (Keepalive).
+    /// Nothing to do.
     None,
+    /// A Keepalive arrived (nothing to do; clients may count them).
+    Keepalive,
     /// Send this message back (the answer to GetServerFeature).
     Reply(ControlMessage),
     /// The peer (re-)registered its RX buffer: the TX window is open again. `resized`
@@ -59,7 +61,7 @@ impl Session {
     pub fn on_control(&mut self, bytes: &[u8]) -> Result<SessionEvent, Violation> {
         let msg = ControlMessage::decode(bytes)?;
         match (self.role, msg) {
-            (_, ControlMessage::Keepalive) => Ok(SessionEvent::None),
+            (_, ControlMessage::Keepalive) => Ok(SessionEvent::Keepalive),
             (_, ControlMessage::RegisterXferMemory { addr, length, key }) => {
                 if length == 0 || length > MAX_PEER_RX_SIZE {
                     return Err(Violation::BadRegisterLength(length));
@@ -201,6 +203,7 @@ mod tests {
         assert_eq!(client.s.on_control(&reply.encode()), Ok(SessionEvent::ServerFeatures(0)));
         let set = ControlMessage::SetClientFeature { select_raw: [0, 0], features: 0 }.encode();
         assert_eq!(server.s.on_control(&set), Ok(SessionEvent::None));
+        assert_eq!(client.s.on_control(&ControlMessage::Keepalive.encode()), Ok(SessionEvent::Keepalive));
         let set = ControlMessage::SetClientFeature { select_raw: [0, 0], features: 4 }.encode();
         assert_eq!(server.s.on_control(&set), Ok(SessionEvent::UnsupportedFeatures(4)));
         assert!(client.s.on_control(&set).is_err(), "a server never sends SetClientFeature");

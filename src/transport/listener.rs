@@ -128,10 +128,22 @@ fn bind_list(listener: &ConnListener) -> Result<Vec<BindAddr>, String> {
     BindAddr::parse_list(&names)
 }
 
+/// The addresses used when `rdma-bind` is empty, as C strings for `connListener.bindaddr`.
+struct DefaultBinds([*const std::ffi::c_char; 2]);
+// SAFETY: pointers to immutable static C strings.
+unsafe impl Sync for DefaultBinds {}
+static DEFAULT_BINDS: DefaultBinds = DefaultBinds([c"*".as_ptr(), c"-::*".as_ptr()]);
+
 /// `ct->listen`. Idempotent: called again for a listener that already listens on the
 /// same addresses (the server's `initListeners` after a module-argument CONFIG SET, or
 /// a config rollback), it keeps the existing endpoints.
 pub fn listen(listener: &mut ConnListener) -> c_int {
+    if listener.bindaddr_count == 0 {
+        // The server prints `bindaddr[i]` for every listening fd (INFO, logs): with an
+        // empty rdma-bind it must name the defaults we listen on (upstream does the same).
+        listener.bindaddr = DEFAULT_BINDS.0.as_ptr().cast_mut().cast();
+        listener.bindaddr_count = DEFAULT_BINDS.0.len() as c_int;
+    }
     let binds = match bind_list(listener) {
         Ok(b) => b,
         Err(e) => {

@@ -206,7 +206,7 @@ impl Endpoint {
     }
 
     fn sq_room(&self) -> u64 {
-        MAX_WQE as u64 - (self.sq_posted - self.sq_completed)
+        (MAX_WQE as u64).saturating_sub(self.sq_posted - self.sq_completed)
     }
 
     fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {

@@ -5,11 +5,28 @@ ours() { echo "--loadmodule $OUR_MODULE"; }
 
 case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vector=
     local tree=$1 out
-    start_server modargs "$tree/src/valkey-server" --loadmodule "$OUR_MODULE" "bind=$RDMA_ADDR" port=@PORT@ rx-size=131072 comp-vector=0 || return 1
+    start_server modargs "$tree/src/valkey-server" --loadmodule "$OUR_MODULE" "bind=$RDMA_ADDR" port=@PORT@ rx-size=131072 comp-vector=0 --loglevel verbose || return 1
     expect_eq "rdma-port shows the module argument" "$("$CLI912" -p "$PORT" config get rdma-port | tail -n1)" "$PORT" || return 1
     out=$(timeout 300 "$tree/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
     echo "$out" | tail -n 1
-    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" || return 1
+    local vectors; vectors=$(sed -n 's/.*(completion vector \([0-9]*\)).*/\1/p' "$SERVER_LOG" | sort | uniq -c | tr -s ' ')
+    echo "# completion vectors used (count vector):$vectors"
+    expect_eq "every connection on vector 0 (comp-vector=0)" "$(sed -n 's/.*(completion vector \([0-9]*\)).*/\1/p' "$SERVER_LOG" | sort -u)" 0 || return 1
+    server_alive
+}
+
+case_default_bind_protected_mode() {  # no rdma-bind: '* -::*' as for TCP; protected mode on; addresses
+    start_server defbind "$VALKEY_912/src/valkey-server" $(ours) --rdma-port @PORT@ --protected-mode yes --loglevel verbose || return 1
+    grep "listening on" "$SERVER_LOG" | sed 's/^/# log: /'
+    grep -q "listening on 0.0.0.0:$PORT" "$SERVER_LOG" || { fail "not listening on every IPv4 address"; return 1; }
+    local info; info=$("$CLI912" -p "$PORT" INFO server | tr -d '\r' | grep '^listener.*rdma'); echo "# $info"
+    case "$info" in *"name=rdma,bind=*,bind=-::*,port=$PORT"*) ;; *) fail "INFO does not show the default RDMA binds"; return 1 ;; esac
+    expect_eq "PING over RDMA from the server's own address (local: protected mode lets it in)" \
+        "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    local me; me=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" CLIENT INFO); echo "# CLIENT INFO over RDMA: ${me:0:120}"
+    case "$me" in *"addr=$RDMA_ADDR:"*"laddr=$RDMA_ADDR:$PORT "*) ;; *) fail "peer/local address wrong"; return 1 ;; esac
+    server_alive
 }
 
 case_big_values() {  # 10 MB value with a 64 KiB RX buffer: ~160 re-registrations each way
@@ -145,6 +162,7 @@ case_no_rdma_cm() {  # RDMA device present but /dev/infiniband/rdma_cm missing: 
 
 run_case "ours valkey-9.1.2 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_912"
 run_case "ours valkey-8.1.1 module arguments bind= port= rx-size= comp-vector=" case_module_args "$VALKEY_811"
+run_case "ours default bind, protected mode, peer and local address" case_default_bind_protected_mode
 run_case "ours 10 MB values through a 64 KiB RX buffer" case_big_values
 run_case "ours valkey-benchmark set,get,lpush,lrange_100 -P 16" case_benchmark_mix
 run_case "ours 200 concurrent connections" case_200_connections

@@ -87,6 +87,18 @@ for tree in "$VALKEY_912" "$VALKEY_811"; do
 done
 run_case "$IMPL valkey-9.1.2 our client library and valkey-rdma-cli" case_our_client "$VALKEY_912"
 
+case_control_messages() {  # TREE: GetServerFeature answered, SetClientFeature 0 accepted, Keepalive every 3 s
+    local tree=$1 out
+    # shellcheck disable=SC2046
+    start_server probe "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    out=$(timeout 60 "$PROJECT_ROOT/target/release/valkey-rdma-cli" -h "$RDMA_ADDR" -p "$PORT" --probe 7 2>&1); echo "# $out"
+    local n; n=$(echo "$out" | sed -n 's/.*keepalives=\([0-9]*\).*/\1/p')
+    case "$out" in "features=0 keepalives="*' ping=Status("PONG")') ;; *) fail "unexpected probe result"; return 1 ;; esac
+    [ "${n:-0}" -ge 2 ] || { fail "fewer than 2 Keepalives in 7 s"; return 1; }
+    server_alive
+}
+run_case "$IMPL valkey-9.1.2 control messages: features, keepalive" case_control_messages "$VALKEY_912"
+
 if [ "$IMPL" = ours ]; then
     . "$(dirname "$(readlink -f "$0")")/ours.sh"
 fi
