@@ -24,8 +24,9 @@ mount -t devtmpfs devtmpfs /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
-mount -t tmpfs -o mode=755 tmpfs /newroot/run     # writable scratch (the host root is read-only)
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+# Writable scratch (the host root is read-only): /run only. The host's /tmp stays visible,
+# read-only, because a checkout (CI's clone) may live there; TMPDIR points into /run.
+mount -t tmpfs -o mode=755 tmpfs /newroot/run
 mkdir -p /newroot/run/tmp /newroot/run/home
 ip link set lo up
 T1=$(cut -d' ' -f1 /proc/uptime)

@@ -3,7 +3,7 @@
 # Runs CMD with bash in a fresh throw-away guest that has Soft-RoCE ready (rxe0 on a
 # dummy interface; its address in RDMA_ADDR), chrooted into the host's root filesystem
 # (read-only 9p, so host binaries run unchanged), as root, in a writable run folder
-# (same path on host and guest; also TESTBED_RESULTS). /run and /tmp are tmpfs.
+# (same path on host and guest; also TESTBED_RESULTS). /run is tmpfs (TMPDIR=/run/tmp).
 # The guest has no network device. Prints CMD's output; exits with CMD's exit code.
 # Own exit codes: 124 the wall-clock limit (-t, default 600 s) stopped the guest;
 # 125 the guest could not be started or ended without a result.

@@ -203,7 +203,8 @@ fn compare(a: &Args) {
     for round in 1..=a.rounds {
         for (i, (label, module)) in impls.iter().enumerate() {
             let p = port + (round * 2 + i) as u16;
-            let srv = start_server(a, module, &host, p, &format!("/tmp/rdma-bench-{round}-{i}"));
+            let dir = std::env::temp_dir().join(format!("rdma-bench-{}-{round}-{i}", std::process::id()));
+            let srv = start_server(a, module, &host, p, &dir.display().to_string());
             let w = Workload { addr: format!("{host}:{p}"), ..a.w.clone() };
             let stats = bench::run(&w, Some(srv.1), progress(a.quiet)).unwrap_or_else(|e| panic!("{label}: {e}"));
             let mem = kib_per_connection(&w, srv.1);
