@@ -426,9 +426,10 @@ enum Failure {
 /// `c` must be a connection of ours that was not freed yet, on the main thread.
 pub unsafe fn close(c: *mut RdmaConnection) {
     let key = ConnPtr(c);
-    live_remove(key);
-    pending_remove(key);
-    if (*c).conn.fd >= 0 {
+    // Only the first close unregisters: a scheduled close comes back here from
+    // call_handler, and a connection refused before it went live was never watched.
+    if live_remove(key) {
+        pending_remove(key);
         api::unwatch_fd((*c).conn.fd);
     }
     if (*c).conn.refs > 0 {

@@ -97,8 +97,10 @@ fn check_devices() -> bool {
 
 /// Locked memory one client pins: RX + TX buffers, control slots, guard pages.
 fn pinned_per_client() -> u64 {
+    // our RX buffer + a TX buffer the size of the client's RX buffer (upstream clients
+    // use the default) + the control slots + guard pages
     let rx = global().settings.rx_size as u64;
-    rx + crate::protocol::MAX_PEER_RX_SIZE.min(1 << 20) as u64 + 2 * 1024 * 32 + 6 * 4096
+    rx + crate::protocol::DEFAULT_RX_SIZE as u64 + (crate::verbs::RX_SLOTS as u64 * 2 * 32) + 6 * 4096
 }
 
 fn warn_if_memlock_low() {
@@ -309,14 +311,16 @@ fn accept_one(raw_id: *mut rdma_sys::rdma_cm_id) {
         unsafe { close(conn) };
         return;
     }
-    live_insert(ConnPtr(conn));
     // SAFETY: `conn` stays allocated until close(), which unwatches the fd first.
     if !unsafe { api::watch_fd(c.conn.fd, crate::transport::connection::on_completion_fd, conn.cast()) } {
         log::warn!("RDMA: client {} refused: cannot watch its completion channel", c.peer_name());
-        // SAFETY: as above.
+        // SAFETY: not live and not watched: nobody else holds the pointer.
         unsafe { close(conn) };
         return;
     }
+    // Live from here: close() unwatches the fd. (The callback can only run from the
+    // event loop, on this thread, after we return.)
+    live_insert(ConnPtr(conn));
     log::debug!("RDMA: accepted {} (completion vector {})", c.peer_name(), c.comp_vector());
     let mut ip = [0 as std::ffi::c_char; 64];
     // SAFETY: the server takes over the connection (it may close it inside); we do not

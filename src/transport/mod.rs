@@ -65,10 +65,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub fn live_insert(c: ConnPtr) {
     lock(&LIVE).get_or_insert_with(HashSet::new).insert(c);
 }
-pub fn live_remove(c: ConnPtr) {
-    if let Some(s) = lock(&LIVE).as_mut() {
-        s.remove(&c);
-    }
+/// Returns whether it was live (false on the second `close` of a scheduled close).
+pub fn live_remove(c: ConnPtr) -> bool {
+    lock(&LIVE).as_mut().is_some_and(|s| s.remove(&c))
 }
 pub fn is_live(c: ConnPtr) -> bool {
     lock(&LIVE).as_ref().is_some_and(|s| s.contains(&c))
