@@ -122,7 +122,7 @@ fn compare(c: Vec<(String, usize)>, ours: Vec<(&str, usize)>, client_flags: usiz
     for (name, ours) in ours {
         assert_eq!(get(name), ours, "{name}: header says {}, we say {ours}", get(name));
     }
-    // acceptCommonHandler takes ClientFlags by value: we pass two zero words (§1.5)
+    // acceptCommonHandler takes ClientFlags by value: we pass two zero words (docs/server-abi.md §2.2)
     assert_eq!(get("ClientFlags"), client_flags);
 }
 

@@ -219,7 +219,7 @@ fn module_load_at_run_time_and_unload_are_refused() {
 #[test]
 fn config_set_rdma_port_without_a_device_fails_cleanly_and_the_server_lives_on() {
     let Some(bed) = testbed() else { return };
-    // Upstream's module crashes on this path (listener->priv is NULL, research §0.1.8).
+    // Upstream's module crashes on this path (listener->priv is NULL, docs/server-abi.md §1.2).
     let s = Server::start(&bed, &bed.join("valkey-9.1.2/src/valkey-server"), &[]).unwrap();
     let reply = s.cli(&["CONFIG", "SET", "rdma-port", "6392"]);
     assert!(reply.contains("ERR"), "{reply}");

@@ -2,6 +2,7 @@
 //! as valkey-cli does.
 //!
 //!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS   (features, keepalives)
 
@@ -12,11 +13,14 @@ use rdma::client::{hostile, resp, Client, Options, Reply};
 
 fn usage() -> ! {
     eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
+    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
     eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
+    eprintln!("  --pipeline  read commands from standard input, one per line (words split on spaces),");
+    eprintln!("              send them all at once, print each reply as valkey-cli does");
     eprintln!("hostile cases (for robustness tests):");
     for (name, what) in hostile::CASES {
         eprintln!("  {name:22} {what}");
@@ -30,6 +34,7 @@ fn main() {
     let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);
     let mut opts = Options::default();
     let mut probe = None;
+    let mut pipeline = false;
     let mut raw = !std::io::stdout().is_terminal();
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -47,6 +52,7 @@ fn main() {
             "--hostile" if words.is_empty() => hostile_case = Some(args.next().unwrap_or_else(|| usage())),
             "--probe" if words.is_empty() => probe = args.next().and_then(|p| p.parse::<f64>().ok()),
             "--hold" if words.is_empty() => hold = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
+            "--pipeline" if words.is_empty() => pipeline = true,
             "--help" => usage(),
             _ => words.push(a.into_bytes()),
         }
@@ -65,6 +71,9 @@ fn main() {
     if let Some(secs) = probe {
         return run_probe(&addr, opts, Duration::from_secs_f64(secs));
     }
+    if pipeline {
+        return run_pipeline(&addr, opts, raw);
+    }
     if stdin_arg {
         let mut v = Vec::new();
         std::io::stdin().read_to_end(&mut v).expect("reading standard input");
@@ -82,13 +91,40 @@ fn main() {
         eprintln!("Error: {e}");
         std::process::exit(1)
     });
-    let mut out = std::io::stdout().lock();
+    print_reply(&reply, raw, &mut std::io::stdout().lock());
+}
+
+fn print_reply(reply: &Reply, raw: bool, out: &mut impl Write) {
     if raw {
-        write_raw(&reply, &mut out);
+        write_raw(reply, out);
     } else {
         let mut s = String::new();
-        resp::format_cli(&reply, &mut s, 0);
+        resp::format_cli(reply, &mut s, 0);
         let _ = writeln!(out, "{s}");
+    }
+}
+
+/// `--pipeline`: every line of standard input is a command; all go out in one write and
+/// the replies are read back in order (the shape of a pipelining client).
+fn run_pipeline(addr: &str, opts: Options, raw: bool) {
+    let mut input = String::new();
+    std::io::stdin().read_to_string(&mut input).expect("reading standard input");
+    let lines: Vec<Vec<&[u8]>> = input
+        .lines()
+        .map(|l| l.split_whitespace().map(str::as_bytes).collect::<Vec<_>>())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut client = Client::connect(addr, opts).unwrap_or_else(|e| {
+        eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
+        std::process::exit(1)
+    });
+    let replies = client.pipeline(&lines).unwrap_or_else(|e| {
+        eprintln!("Error: {e}");
+        std::process::exit(1)
+    });
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for r in &replies {
+        print_reply(r, raw, &mut out);
     }
 }
 

@@ -49,7 +49,9 @@ pub struct Workload {
     pub transport: Transport,
     pub connections: usize,
     pub pipeline: usize,
-    /// Commands cycled through: "set", "get", "ping", "incr", "lpush", "lrange_100".
+    /// Commands cycled through: "set", "get", "ping", "incr", "lpush", "lrange_100", and
+    /// the big replies "lrange_10000" (a list of [`BIG_REPLY_ELEMENTS`] values of
+    /// `value_size` bytes) and "hgetall" (a hash of as many fields), filled by [`prepare`].
     pub commands: Vec<String>,
     pub value_size: usize,
     /// Stop after this many requests (all connections together) …
@@ -79,8 +81,70 @@ fn command(name: &str, key: &str, value: &[u8], out: &mut Vec<u8>) {
         "incr" => resp::encode(&[b"INCR", key.as_bytes()], out),
         "lpush" => resp::encode(&[b"LPUSH", b"bench:list", value], out),
         "lrange_100" => resp::encode(&[b"LRANGE", b"bench:list", b"0", b"99"], out),
+        "lrange_10000" => resp::encode(&[b"LRANGE", BIG_LIST, b"0", b"-1"], out),
+        "hgetall" => resp::encode(&[b"HGETALL", BIG_HASH], out),
         _ => resp::encode(&[b"PING"], out),
     }
+}
+
+/// Elements of the big-reply workloads: a reply of many blocks (the server writes it in
+/// pieces of about 64 KiB), the shape that single-value workloads never exercise.
+pub const BIG_REPLY_ELEMENTS: usize = 10_000;
+const BIG_LIST: &[u8] = b"bench:biglist";
+const BIG_HASH: &[u8] = b"bench:bighash";
+
+/// The header a reply to `name` must start with, when its size is known: a big reply cut
+/// short or merged with another counts as an error, not as a fast request.
+fn expected_header(name: &str) -> Option<String> {
+    match name {
+        "lrange_10000" => Some(format!("*{BIG_REPLY_ELEMENTS}\r\n")),
+        "hgetall" => Some(format!("*{}\r\n", 2 * BIG_REPLY_ELEMENTS)),
+        _ => None,
+    }
+}
+
+/// Fills the keys the big-reply workloads read (once, before timing).
+pub fn prepare(w: &Workload) -> Result<(), String> {
+    let big = |n: &str| n == "lrange_10000" || n == "hgetall";
+    if !w.commands.iter().any(|c| big(c)) {
+        return Ok(());
+    }
+    let mut s = connect(w)?;
+    let value = vec![b'v'; w.value_size];
+    let mut out = Vec::new();
+    resp::encode(&[b"DEL", BIG_LIST, BIG_HASH], &mut out);
+    let mut expect = 1;
+    for batch in (0..BIG_REPLY_ELEMENTS).collect::<Vec<_>>().chunks(500) {
+        let fields: Vec<String> = batch.iter().map(|i| format!("field:{i:06}")).collect();
+        let mut list: Vec<&[u8]> = vec![b"RPUSH", BIG_LIST];
+        let mut hash: Vec<&[u8]> = vec![b"HSET", BIG_HASH];
+        for f in &fields {
+            list.push(&value);
+            hash.push(f.as_bytes());
+            hash.push(&value);
+        }
+        resp::encode(&list, &mut out);
+        resp::encode(&hash, &mut out);
+        expect += 2;
+    }
+    s.send(&out)?;
+    let (mut inbuf, mut buf, mut scanner) = (Vec::new(), vec![0u8; 64 * 1024], resp::FrameScanner::default());
+    while expect > 0 {
+        match scanner.scan(&inbuf)? {
+            Some(end) => {
+                if inbuf.first() == Some(&b'-') {
+                    return Err(format!("filling the big-reply keys: {}", String::from_utf8_lossy(&inbuf[..end])));
+                }
+                inbuf.drain(..end);
+                expect -= 1;
+            }
+            None => {
+                let k = s.recv(&mut buf)?;
+                inbuf.extend_from_slice(&buf[..k]);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Server CPU time (user + system) in seconds, from /proc.
@@ -108,6 +172,7 @@ pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
 
 /// Runs the workload; `progress` is called about once a second with requests so far.
 pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, f64)) -> Result<Stats, String> {
+    prepare(w)?;
     let streams: Vec<Box<dyn Stream>> = (0..w.connections).map(|_| connect(w)).collect::<Result<_, _>>()?;
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -125,19 +190,19 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                 let mut buf = vec![0u8; 256 * 1024];
                 let mut inbuf = Vec::new();
                 let mut n: u64 = i as u64;
+                let mut names: Vec<&str> = Vec::with_capacity(w.pipeline);
+                let mut scanner = resp::FrameScanner::default();
                 while !stop.load(Ordering::Relaxed) {
                     if done.fetch_add(w.pipeline as u64, Ordering::Relaxed) >= w.requests {
                         break;
                     }
                     let mut out = Vec::new();
+                    names.clear();
                     for _ in 0..w.pipeline {
                         let key = format!("key:{:012}", n % w.keyspace.max(1));
-                        command(
-                            &w.commands[(n as usize / w.connections.max(1)) % w.commands.len()],
-                            &key,
-                            &value,
-                            &mut out,
-                        );
+                        let name = w.commands[(n as usize / w.connections.max(1)) % w.commands.len()].as_str();
+                        command(name, &key, &value, &mut out);
+                        names.push(name);
                         n = n.wrapping_add(7919);
                     }
                     let start = Instant::now();
@@ -145,14 +210,19 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                         errors.fetch_add(1, Ordering::Relaxed);
                         break;
                     }
-                    let mut replies = 0;
+                    // Replies are found by the scanner (linear however large), checked by
+                    // their first bytes, and dropped together once all have arrived.
+                    let (mut replies, mut at) = (0, 0);
                     while replies < w.pipeline {
-                        match resp::parse(&inbuf) {
-                            Ok(Some((r, used))) => {
-                                if matches!(r, resp::Reply::Error(_)) {
+                        match scanner.scan(&inbuf[at..]) {
+                            Ok(Some(len)) => {
+                                let reply = &inbuf[at..at + len];
+                                let wrong_size =
+                                    expected_header(names[replies]).is_some_and(|h| !reply.starts_with(h.as_bytes()));
+                                if reply.first() == Some(&b'-') || wrong_size {
                                     errors.fetch_add(1, Ordering::Relaxed);
                                 }
-                                inbuf.drain(..used);
+                                at += len;
                                 replies += 1;
                                 continue;
                             }
@@ -167,6 +237,7 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                             }
                         }
                     }
+                    inbuf.drain(..at);
                     lat.push(start.elapsed().as_micros() as u32);
                     if replies < w.pipeline {
                         break;
@@ -288,5 +359,12 @@ mod tests {
         command("lrange_100", "k", b"v", &mut out);
         command("anything", "k", b"v", &mut out);
         assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n*4\r\n$6\r\nLRANGE\r\n$10\r\nbench:list\r\n$1\r\n0\r\n$2\r\n99\r\n*1\r\n$4\r\nPING\r\n");
+        let mut out = Vec::new();
+        command("lrange_10000", "k", b"v", &mut out);
+        command("hgetall", "k", b"v", &mut out);
+        assert_eq!(out, b"*4\r\n$6\r\nLRANGE\r\n$13\r\nbench:biglist\r\n$1\r\n0\r\n$2\r\n-1\r\n*2\r\n$7\r\nHGETALL\r\n$13\r\nbench:bighash\r\n");
+        assert_eq!(expected_header("lrange_10000").as_deref(), Some("*10000\r\n"));
+        assert_eq!(expected_header("hgetall").as_deref(), Some("*20000\r\n"));
+        assert_eq!(expected_header("get"), None);
     }
 }

@@ -146,13 +146,46 @@ impl RdmaStream {
     }
 
     /// Processes completions and CM events that are already there (no waiting).
-    /// Returns whether anything was processed.
-    pub(crate) fn pump(&mut self) -> Result<bool> {
+    /// Returns whether anything was processed. Public so that a non-blocking driver
+    /// (the TCP bridge) can run it when one of [`poll_fds`](Self::poll_fds) wakes.
+    ///
+    /// Data that arrived before a disconnect stays readable: completions are handled
+    /// before CM events, every successful completion of a batch is handled even when a
+    /// later one failed (flushes after the peer left), and once a CM event says the
+    /// peer is gone the CQ is drained once more, for writes that completed between the
+    /// two looks. Returns `PeerGone` when a work request failed.
+    pub fn pump(&mut self) -> Result<bool> {
+        let (mut progressed, mut failed) = self.drain_completions()?;
+        let was_gone = self.gone;
+        while let Some(e) = self.channel.next_event()? {
+            progressed = true;
+            if matches!(
+                e.kind(),
+                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+            ) {
+                self.gone = true;
+            }
+        }
+        if self.gone && !was_gone {
+            let (p, f) = self.drain_completions()?;
+            progressed |= p;
+            failed |= f;
+        }
+        if failed {
+            self.gone = true;
+            return Err(ClientError::PeerGone);
+        }
+        Ok(progressed)
+    }
+
+    /// Polls the CQ empty and feeds the session. Returns (anything processed, a work
+    /// request failed).
+    fn drain_completions(&mut self) -> Result<(bool, bool)> {
         let mut completions = Vec::new();
         self.ep.poll(|c| completions.push(c))?;
-        let mut progressed = !completions.is_empty();
-        for c in completions {
-            match c {
+        let mut failed = false;
+        for c in &completions {
+            match *c {
                 Completion::Control { bytes, len } => {
                     match self
                         .session
@@ -168,22 +201,68 @@ impl RdmaStream {
                 Completion::Data { imm } => {
                     self.session.on_data(imm).map_err(|v| ClientError::Protocol(v.to_string()))?
                 }
-                Completion::Failed { .. } => {
-                    self.gone = true;
-                    return Err(ClientError::PeerGone);
-                }
+                Completion::Failed { .. } => failed = true,
             }
         }
-        while let Some(e) = self.channel.next_event()? {
-            progressed = true;
-            if matches!(
-                e.kind(),
-                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
-            ) {
-                self.gone = true;
+        Ok((!completions.is_empty(), failed))
+    }
+
+    /// The fds a non-blocking driver polls for POLLIN: the completion channel and the
+    /// rdma_cm event channel. When either is readable, call [`pump`](Self::pump)
+    /// (or [`peek`](Self::peek) / [`try_read`](Self::try_read), which pump first).
+    pub fn poll_fds(&self) -> [i32; 2] {
+        [self.ep.comp_fd(), self.channel.fd()]
+    }
+
+    /// Bytes [`try_write`](Self::try_write) accepts now, in one write: the room left in
+    /// the server's RX window, or 0 when that window is used up, the send queue is
+    /// full or the peer is gone. A relay reads only this much from its source, so
+    /// nothing is buffered beyond the window and backpressure reaches the source.
+    pub fn write_room(&self) -> usize {
+        if self.gone || !self.ep.can_write() {
+            return 0;
+        }
+        self.session.tx.available() as usize
+    }
+
+    /// The unread received bytes, after processing what is there (never waits). Empty
+    /// when nothing is there yet; `PeerGone` only once the peer is gone *and* every byte
+    /// it sent before leaving was consumed. Give back what was used with
+    /// [`consume`](Self::consume): a relay consumes only what its sink accepted, so the
+    /// server's window stays closed while the sink is blocked.
+    pub fn peek(&mut self) -> Result<&[u8]> {
+        match self.pump() {
+            Ok(_) | Err(ClientError::PeerGone) => {}
+            Err(e) => return Err(e),
+        }
+        let range = self.session.rx.readable();
+        if range.is_empty() && self.gone {
+            return Err(ClientError::PeerGone);
+        }
+        Ok(&self.ep.rx_bytes()[range])
+    }
+
+    /// Marks `n` bytes of what [`peek`](Self::peek) returned as used; when that empties
+    /// a full RX buffer it is handed back to the server (RegisterXferMemory), unless
+    /// the server is gone.
+    pub fn consume(&mut self, n: usize) -> Result<()> {
+        if let Some(msg) = self.session.consume(n) {
+            if !self.gone {
+                self.ep.post_control(&msg)?;
             }
         }
-        Ok(progressed)
+        Ok(())
+    }
+
+    /// Copies what was received into `buf` without waiting: `Ok(0)` means nothing now
+    /// (the blocking [`read`](Self::read) waits instead). Bytes that arrived before the
+    /// peer left are returned first; `PeerGone` comes once none is left.
+    pub fn try_read(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let bytes = self.peek()?;
+        let n = bytes.len().min(buf.len());
+        buf[..n].copy_from_slice(&bytes[..n]);
+        self.consume(n)?;
+        Ok(n)
     }
 
     /// Waits until something happens (a completion or a CM event), then processes it.
@@ -239,12 +318,14 @@ impl RdmaStream {
             if !range.is_empty() {
                 let n = range.len().min(buf.len());
                 buf[..n].copy_from_slice(&self.ep.rx_bytes()[range.start..range.start + n]);
-                if let Some(msg) = self.session.consume(n) {
-                    self.ep.post_control(&msg)?;
-                }
+                self.consume(n)?;
                 return Ok(n);
             }
-            self.wait(deadline, "a reply")?;
+            match self.wait(deadline, "a reply") {
+                // the last bytes and the disconnect came together: hand out the bytes first
+                Err(ClientError::PeerGone) if self.session.rx.has_unread() => {}
+                r => r?,
+            }
         }
     }
 
@@ -324,11 +405,12 @@ fn expect_event(ch: &EventChannel, want: u32, deadline: Instant, addr: &SocketAd
 pub struct Client {
     stream: RdmaStream,
     inbuf: Vec<u8>,
+    scanner: resp::FrameScanner,
 }
 
 impl Client {
     pub fn connect(addr: impl ToSocketAddrs, opts: Options) -> Result<Client> {
-        Ok(Client { stream: RdmaStream::connect(addr, &opts)?, inbuf: Vec::new() })
+        Ok(Client { stream: RdmaStream::connect(addr, &opts)?, inbuf: Vec::new(), scanner: Default::default() })
     }
 
     pub fn stream(&mut self) -> &mut RdmaStream {
@@ -350,16 +432,23 @@ impl Client {
         (0..cmds.len()).map(|_| self.read_reply()).collect()
     }
 
-    /// Reads the next reply.
+    /// Reads the next reply. The scanner finds its end as bytes arrive; it is parsed
+    /// once, when complete (linear in the reply's size, however many windows it spans).
     pub fn read_reply(&mut self) -> Result<Reply> {
-        let mut chunk = vec![0u8; 64 * 1024];
+        const READ_AT_MOST: usize = 256 * 1024;
         loop {
-            if let Some((r, used)) = resp::parse(&self.inbuf).map_err(ClientError::Protocol)? {
+            if let Some(end) = self.scanner.scan(&self.inbuf).map_err(ClientError::Protocol)? {
+                let (r, used) = resp::parse(&self.inbuf[..end])
+                    .map_err(ClientError::Protocol)?
+                    .ok_or_else(|| ClientError::Protocol("reply ends where the scanner said it would not".into()))?;
                 self.inbuf.drain(..used);
                 return Ok(r);
             }
-            let n = self.stream.read(&mut chunk)?;
-            self.inbuf.extend_from_slice(&chunk[..n]);
+            let have = self.inbuf.len();
+            self.inbuf.resize(have + READ_AT_MOST, 0);
+            let n = self.stream.read(&mut self.inbuf[have..]);
+            self.inbuf.truncate(have + *n.as_ref().unwrap_or(&0));
+            n?;
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The 32-byte control messages (§5.2 "Control messages"; upstream `ValkeyRdmaCmd`,
+//! The 32-byte control messages (docs/protocol.md §3; upstream `ValkeyRdmaCmd`,
 //! `src/rdma.c:34-67`, `deps/libvalkey/src/rdma.c:209-249`). All multi-byte fields are
 //! big-endian. They travel as IBV_WR_SEND into one of the peer's posted 32-byte slots.
 //!

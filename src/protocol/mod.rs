@@ -7,8 +7,8 @@
 //! can therefore be driven against each other in memory (see the tests in `session.rs`).
 //!
 //! Specification: Valkey's `docs/rdma.md`/"Valkey Over RDMA" as implemented by
-//! `src/rdma.c` and `deps/libvalkey/src/rdma.c` (9.1.2); the section numbers quoted next
-//! to the code ("§5.2") refer to `research/valkey-conn-abi.md`, which transcribes them.
+//! `src/rdma.c` and `deps/libvalkey/src/rdma.c` (9.1.2), written down for this project
+//! in `docs/protocol.md`, whose sections are cited next to the code ("docs/protocol.md §3").
 
 pub mod control;
 pub mod session;
@@ -33,7 +33,7 @@ pub const MAX_PEER_RX_SIZE: u32 = MAX_RX_SIZE;
 /// A peer broke the protocol. The connection is closed with one log line naming it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
-    /// A SEND whose length is not 32 bytes (§5.2 "Control messages").
+    /// A SEND whose length is not 32 bytes (docs/protocol.md §3, §6).
     BadControlLength(u32),
     /// An opcode outside 0..=3.
     UnknownOpcode(u16),

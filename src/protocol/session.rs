@@ -50,8 +50,8 @@ impl Session {
     }
 
     /// The message that advertises our RX buffer: sent once the connection is
-    /// established, and again whenever the buffer was filled and consumed (§5.2
-    /// "RegisterXferMemory").
+    /// established, and again whenever the buffer was filled and consumed
+    /// (docs/protocol.md §4.3).
     pub fn register_rx(&self) -> ControlMessage {
         ControlMessage::RegisterXferMemory { addr: self.rx_addr, length: self.rx.len(), key: self.rx_key }
     }

@@ -1,4 +1,4 @@
-//! Byte windows (§5.2 "Data path"). Data moves by RDMA_WRITE_WITH_IMM into the
+//! Byte windows (docs/protocol.md §4). Data moves by RDMA_WRITE_WITH_IMM into the
 //! receiver's RX buffer, laid down sequentially from offset 0; the immediate carries
 //! the byte count. There is no wrap-around: once the buffer is full *and* consumed the
 //! receiver re-advertises it with RegisterXferMemory and both sides restart at 0.

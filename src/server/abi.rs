@@ -1,5 +1,5 @@
-//! valkey-server's internal connection ABI, mirrored per version (research/
-//! valkey-conn-abi.md §1). Only these structs are shared with the server: `connection`
+//! valkey-server's internal connection ABI, mirrored per version
+//! (docs/server-abi.md §1). Only these structs are shared with the server: `connection`
 //! (64 bytes, the same in every supported version), `connListener` (104 bytes) and the
 //! `ConnectionType` table, whose tail changed in 9.1.0 and again in the 9.1.2 patch
 //! release. Nothing here reads the server's global `struct valkeyServer` except the one
@@ -137,7 +137,7 @@ pub type ConnectionType81 = ConnectionType<GetType81, Connect81, Tail81>;
 pub type ConnectionType910 = ConnectionType<GetType9, Connect9, Tail910>;
 pub type ConnectionType912 = ConnectionType<GetType9, Connect9, Tail912>;
 
-// The sizes measured against the real headers (research §1.1, §1.3); also checked at
+// The sizes measured against the real headers (docs/server-abi.md §1); also checked at
 // run time of the test suite against the reference trees (tests/abi_layout.rs).
 const _: () = assert!(std::mem::size_of::<Connection>() == 64);
 const _: () = assert!(std::mem::offset_of!(Connection, private_data) == 32);

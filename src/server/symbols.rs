@@ -1,7 +1,7 @@
 //! Server-internal functions a connection type cannot do without, resolved by name at
 //! load time. The server's binary exports them (`-rdynamic`); a static or stripped
 //! server does not, and then OnLoad fails with a message instead of the dynamic
-//! loader aborting the whole server (research §2.2, §6.2-6.3).
+//! loader aborting the whole server (docs/server-abi.md §2.1, §6).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -14,7 +14,7 @@ pub struct ServerSymbols {
     pub conn_type_register: unsafe extern "C" fn(*const c_void) -> c_int,
     /// `void acceptCommonHandler(connection *, struct ClientFlags, char *ip)`. ClientFlags
     /// is 8 bytes in 8.1 and 16 in 9.1 (by value, in registers); passing two zero words
-    /// and `ip` is right for both, and `ip` is unused by both (research §1.5).
+    /// and `ip` is right for both, and `ip` is unused by both (docs/server-abi.md §2.2).
     pub accept_common_handler: unsafe extern "C" fn(*mut Connection, u64, u64, *mut c_char),
     /// `void aeDeleteFileEvent(aeEventLoop *, int fd, int mask)`: the only way to
     /// unregister the listener fds, which the server registered itself.
@@ -47,7 +47,7 @@ pub fn resolve() -> Result<&'static ServerSymbols, String> {
         return Ok(s);
     }
     // SAFETY: each symbol is given the prototype of the server version family we
-    // support (research §2.2 lists them per version; they agree).
+    // support (docs/server-abi.md §2.1; they agree across versions).
     let s = unsafe {
         ServerSymbols {
             conn_type_register: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_void) -> c_int>(

@@ -32,6 +32,8 @@ struct Inner {
     established: bool,
     /// Bytes handed to the server by `read`, to tell whether a handler made progress.
     bytes_read: u64,
+    /// Bytes taken by `write`/`writev`, likewise for the write handler.
+    bytes_written: u64,
     /// Reused for each drain of the completion queue (no allocation per event).
     completions: Vec<Completion>,
 }
@@ -62,6 +64,7 @@ impl RdmaConnection {
                 session,
                 established: false,
                 bytes_read: 0,
+                bytes_written: 0,
                 completions: Vec::new(),
             }),
         })
@@ -88,11 +91,20 @@ impl RdmaConnection {
     }
 
     /// Ends the connection from our side: the server learns it on its next `read`.
+    /// Only a live connection fails: once the peer left (CLOSED) the flush completions
+    /// that follow are no news, and the first reason stays. The errno is stored before
+    /// the state, so a thread that sees ERROR also sees why (never "Success").
     fn fail(&self, errno: i32, why: &str) {
-        let was = self.conn.state.swap(CONN_STATE_ERROR, Ordering::AcqRel);
-        self.conn.last_errno.store(errno, Ordering::Release);
-        if was == CONN_STATE_CONNECTED || was == CONN_STATE_ACCEPTING {
-            log::warn!("RDMA client {}: {why}; closing the connection", self.peer_name());
+        let mut was = self.state();
+        while was == CONN_STATE_CONNECTED || was == CONN_STATE_ACCEPTING {
+            self.conn.last_errno.store(errno, Ordering::Release);
+            match self.conn.state.compare_exchange(was, CONN_STATE_ERROR, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    log::warn!("RDMA client {}: {why}; closing the connection", self.peer_name());
+                    return;
+                }
+                Err(now) => was = now,
+            }
         }
     }
 
@@ -106,8 +118,11 @@ impl RdmaConnection {
 
     /// `read`: copies unread bytes out of the RX buffer. `None` means "nothing now"
     /// (-1 with the state still CONNECTED) or an error (-1 with another state).
+    /// After the peer left (CLOSED) the bytes it sent before leaving are still read, as
+    /// TCP delivers them before EOF; then `None` with CLOSED is the EOF.
     pub fn read(&self, buf: &mut [u8]) -> Option<usize> {
-        if self.state() != CONN_STATE_CONNECTED || super::in_fork_child() {
+        let state = self.state();
+        if !(state == CONN_STATE_CONNECTED || state == CONN_STATE_CLOSED) || super::in_fork_child() {
             return None;
         }
         let mut guard = self.lock();
@@ -148,7 +163,10 @@ impl RdmaConnection {
         let Some((offset, n)) = inner.session.tx.reserve(total) else { return Some(0) };
         let (addr, rkey) = (inner.session.tx.remote_addr, inner.session.tx.rkey);
         match ep.post_write(offset, parts, n, addr, rkey) {
-            Ok(()) => Some(n as usize),
+            Ok(()) => {
+                inner.bytes_written += u64::from(n);
+                Some(n as usize)
+            }
             Err(e) => {
                 drop(guard);
                 self.verbs_failed(&e);
@@ -169,6 +187,10 @@ impl RdmaConnection {
 
     fn bytes_read(&self) -> u64 {
         self.lock().bytes_read
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.lock().bytes_written
     }
 
     /// Whether a write now would move bytes.
@@ -225,7 +247,7 @@ impl RdmaConnection {
         }
     }
 
-    /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (§5.2 "RegisterXferMemory").
+    /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (docs/protocol.md §1, §4.3).
     pub fn on_established(&self) {
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -240,20 +262,15 @@ impl RdmaConnection {
         }
     }
 
-    /// The peer went away (DISCONNECTED and friends).
+    /// The peer went away (DISCONNECTED and friends). CLOSED first, then the completion
+    /// queue is drained: writes the peer made before it left complete in order before the
+    /// flush errors, so their bytes become readable (and the flush errors, arriving on a
+    /// CLOSED connection, do not turn it into ERROR).
     pub fn on_disconnected(&self) {
-        let _ = self.conn.state.compare_exchange(
-            CONN_STATE_CONNECTED,
-            CONN_STATE_CLOSED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        let _ = self.conn.state.compare_exchange(
-            CONN_STATE_ACCEPTING,
-            CONN_STATE_CLOSED,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        for from in [CONN_STATE_CONNECTED, CONN_STATE_ACCEPTING] {
+            let _ = self.conn.state.compare_exchange(from, CONN_STATE_CLOSED, Ordering::AcqRel, Ordering::Acquire);
+        }
+        self.process_completions();
     }
 
     pub fn send_keepalive(&self) {
@@ -336,49 +353,107 @@ pub unsafe fn call_handler(c: *mut RdmaConnection, h: ConnHandler) -> bool {
 /// calls `update_state` when it is done), then the write handler if the TX window is
 /// open. With a write barrier the write handler goes first, as ae's AE_BARRIER does.
 ///
+/// A write handler that wrote and is still installed with the window still open is
+/// queued to run again from `process_pending_data` (docs/server-abi.md §4.3): the server
+/// writes a reply of many blocks in pieces of about 64 KiB per call and relies on the
+/// connection type to call it again, as a socket's POLLOUT would. Waiting for the next
+/// completion instead stalled multi-block replies until the keepalive tick (3 s a piece).
+/// A handler that wrote nothing is not re-queued, so it can never make the loop spin;
+/// the completion that reopens the window (the peer's RegisterXferMemory) runs it.
+///
 /// # Safety
 /// `c` must be a live connection, on the main thread.
 pub unsafe fn run_handlers(c: *mut RdmaConnection) {
     let state = (*c).state();
-    if state == CONN_STATE_CLOSED || state == CONN_STATE_ERROR {
+    if state == CONN_STATE_ERROR || (state == CONN_STATE_CLOSED && !(*c).has_unread()) {
         if call_handler(c, (*c).conn.read_handler) {
             call_handler(c, (*c).conn.write_handler);
         }
+        return;
+    }
+    if state == CONN_STATE_CLOSED {
+        // The peer left after sending these bytes: the server reads them, then EOF.
+        let progressed = run_read_handler(c);
+        if progressed == Some(true) && !(*c).postponed(CONN_POSTPONE_READ) {
+            pending_push(ConnPtr(c));
+        }
+        // No progress, or an IO thread has the client: update_state or the keepalive
+        // tick queues it again (never a busy loop).
         return;
     }
     if state != CONN_STATE_CONNECTED {
         return;
     }
     let barrier = (*c).conn.flags & CONN_FLAG_WRITE_BARRIER != 0;
-    if barrier && !run_write_handler(c) {
+    let mut wrote = false;
+    if barrier {
+        match run_write_handler(c) {
+            WriteHandlerRun::ConnectionGone => return,
+            WriteHandlerRun::Ran { wrote: w } => wrote = w,
+            WriteHandlerRun::NotDue => {}
+        }
+    }
+    if run_read_handler(c).is_none() {
         return;
     }
-    if !(*c).postponed(CONN_POSTPONE_READ) {
-        while (*c).conn.read_handler.is_some() && (*c).state() == CONN_STATE_CONNECTED {
-            let Some(before) = (*c).unread_progress() else { break };
-            if !call_handler(c, (*c).conn.read_handler) {
-                return;
-            }
-            if (*c).bytes_read() == before {
-                break;
-            }
-        }
-        if (*c).state() != CONN_STATE_CONNECTED {
-            // a violation found while reading: let the server see it now
-            pending_push(ConnPtr(c));
-            return;
+    if !barrier {
+        match run_write_handler(c) {
+            WriteHandlerRun::ConnectionGone => return,
+            WriteHandlerRun::Ran { wrote: w } => wrote = w,
+            WriteHandlerRun::NotDue => {}
         }
     }
-    if !barrier {
-        run_write_handler(c);
+    if (*c).state() != CONN_STATE_CONNECTED || (wrote && write_due(c)) {
+        // a violation or a failed post while handling: let the server see it now;
+        // or more of a multi-block reply to write while the window is open.
+        pending_push(ConnPtr(c));
     }
 }
 
-unsafe fn run_write_handler(c: *mut RdmaConnection) -> bool {
-    if (*c).postponed(CONN_POSTPONE_WRITE) || (*c).conn.write_handler.is_none() || !(*c).can_write_now() {
-        return true;
+/// Calls the read handler while unread bytes remain and each call consumed some.
+/// `Some(progressed)`, or `None` when the handler closed the connection.
+unsafe fn run_read_handler(c: *mut RdmaConnection) -> Option<bool> {
+    let mut progressed = false;
+    if (*c).postponed(CONN_POSTPONE_READ) {
+        return Some(false);
     }
-    call_handler(c, (*c).conn.write_handler)
+    let state = (*c).state();
+    while (*c).conn.read_handler.is_some() && (*c).state() == state {
+        let Some(before) = (*c).unread_progress() else { break };
+        if !call_handler(c, (*c).conn.read_handler) {
+            return None;
+        }
+        if (*c).bytes_read() == before {
+            break;
+        }
+        progressed = true;
+    }
+    Some(progressed)
+}
+
+enum WriteHandlerRun {
+    /// No handler, postponed by an IO thread, or no TX window now.
+    NotDue,
+    /// It ran; `wrote` says whether it moved bytes.
+    Ran { wrote: bool },
+    /// The handler closed the connection: it must not be touched any more.
+    ConnectionGone,
+}
+
+/// Whether the write handler should run now.
+unsafe fn write_due(c: *mut RdmaConnection) -> bool {
+    !(*c).postponed(CONN_POSTPONE_WRITE) && (*c).conn.write_handler.is_some() && (*c).can_write_now()
+}
+
+unsafe fn run_write_handler(c: *mut RdmaConnection) -> WriteHandlerRun {
+    if !write_due(c) {
+        return WriteHandlerRun::NotDue;
+    }
+    let before = (*c).bytes_written();
+    if !call_handler(c, (*c).conn.write_handler) {
+        return WriteHandlerRun::ConnectionGone;
+    }
+    WriteHandlerRun::Ran { wrote: (*c).bytes_written() != before }
 }
 
 /// Queues the connection for `process_pending_data` if something is due without an

@@ -1,5 +1,5 @@
 //! Listening: one rdma_cm id (and event channel, whose fd is the listener fd the server
-//! watches) per bind address, like upstream (§5.2 "Listener"). Accepted ids are moved
+//! watches) per bind address, like upstream (docs/protocol.md §1). Accepted ids are moved
 //! to one module-wide channel for their own CM events (ESTABLISHED, DISCONNECTED), so
 //! closing or re-opening a listener (`CONFIG SET rdma-port`) leaves live clients alone.
 

@@ -1,7 +1,7 @@
 //! One connection's verbs resources, the same for the server and the client side:
 //! protection domain, completion channel + one CQ for sends and receives, an RC queue
 //! pair on the rdma_cm id, the control-message slots, the RX buffer and (once the peer
-//! has registered its RX buffer) the TX buffer (§5.2 "Per connection").
+//! has registered its RX buffer) the TX buffer (docs/protocol.md §2).
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;

@@ -4,7 +4,7 @@
 //! Why run-time loading: valkey-server loads modules with `RTLD_DEEPBIND`. On distro
 //! builds, where a system jemalloc interposes `malloc`, a module with libibverbs in its
 //! `DT_NEEDED` drags libnl into the module's private scope and the server aborts in a
-//! mixed-allocator `free` (research/valkey-conn-abi.md §6.2). `dlopen(RTLD_GLOBAL)` from
+//! mixed-allocator `free` (docs/server-abi.md §6). `dlopen(RTLD_GLOBAL)` from
 //! inside the module keeps those libraries in the global scope. rdma-sys supplies the
 //! types and the inline verbs (`ibv_post_send`, `ibv_poll_cq`, … dispatch through the
 //! context's ops table); the exported functions come from [`lib()`].

@@ -17,4 +17,6 @@ run() {  # NAME ARGS...
 run set-get-c8-p1 --rounds 3 -c 8 -P 1 -t set,get -d 64 -n 20000
 run set-get-c8-p16 --rounds 3 -c 8 -P 16 -t set,get -d 64 -n 100000
 run set-get-c4-4k --rounds 3 -c 4 -P 1 -t set,get -d 4096 -n 10000
+# replies of many blocks (about 1.1 MB and 1.2 MB each: the multi-block reply path)
+run big-replies-c4 --rounds 3 -c 4 -P 1 -t lrange_10000,hgetall -d 100 -n 200
 echo "results in $OUT"

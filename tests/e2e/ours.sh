@@ -251,3 +251,16 @@ case_client_errors() {  # the client library's errors a user can act on: timeout
     case "$out" in *"the server closed the connection"*) ;; *) fail "no peer-gone error"; return 1 ;; esac
 }
 run_case "ours client errors: timeout and peer gone" case_client_errors
+
+case_demo_exit_status() {  # ./runtest-rdma --demo's script: 0 when every step worked, 1 when one did not
+    local out rc
+    out=$(E2E_BASE_PORT=$((NEXT_PORT + 100)) timeout 600 "$PROJECT_ROOT/tests/e2e/demo.sh" 2>&1); rc=$?
+    echo "$out" | tail -n 3 | sed 's/^/# demo: /'
+    expect_eq "exit status of the demo" "$rc" 0 || { echo "$out" | grep -B2 FAILED; return 1; }
+    case "$out" in *"demo: OK - every step succeeded"*) ;; *) fail "no success line"; return 1 ;; esac
+    out=$(E2E_BASE_PORT=$((NEXT_PORT + 120)) OUR_MODULE=/nonexistent/librdma.so timeout 300 "$PROJECT_ROOT/tests/e2e/demo.sh" 2>&1); rc=$?
+    echo "$out" | tail -n 2 | sed 's/^/# demo with a missing module: /'
+    expect_eq "exit status of the demo with a missing module" "$rc" 1 || return 1
+    case "$out" in *"demo: FAILED"*) ;; *) fail "no failure line"; return 1 ;; esac
+}
+run_case "ours ./runtest-rdma --demo exits 0 when it worked, 1 when it did not" case_demo_exit_status

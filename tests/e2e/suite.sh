@@ -99,6 +99,7 @@ case_control_messages() {  # TREE: GetServerFeature answered, SetClientFeature 0
 }
 run_case "$IMPL valkey-9.1.2 control messages: features, keepalive" case_control_messages "$VALKEY_912"
 
+. "$(dirname "$(readlink -f "$0")")/shapes.sh"
 if [ "$IMPL" = ours ]; then
     . "$(dirname "$(readlink -f "$0")")/ours.sh"
 fi
