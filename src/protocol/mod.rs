@@ -11,6 +11,7 @@
 //! in `docs/protocol.md`, whose sections are cited next to the code ("docs/protocol.md §3").
 
 pub mod control;
+pub mod conn;
 pub mod session;
 pub mod window;
 

@@ -1,0 +1,1071 @@
+//! One connection of Valkey Over RDMA as a pure, deterministic state machine, in the
+//! manner of quinn-proto's `Connection`: no syscalls, no verbs, no threads, no clocks.
+//!
+//! The transport (server: `src/transport/connection.rs`; client: `src/client/mod.rs`)
+//! owns the verbs objects and the server's `connection` struct; this core owns every
+//! *decision*: the connection's state, both byte windows ([`Session`]), the control
+//! messages to send, which server handlers are installed, the IO-thread postpone mask,
+//! and which handler must run when. Every bug of the old driver lived in those
+//! decisions (a close that unregistered twice, a connection live before its fd was
+//! watched, multi-block replies stalled 3 s a piece, bytes received before a disconnect
+//! dropped), and all of them can now be exercised in memory: see the simulator
+//! (`sim.rs`, `cargo test --lib protocol::conn`).
+//!
+//! **Inputs** are method calls: CM events ([`Conn::on_established`],
+//! [`Conn::on_disconnected`]), completions ([`Conn::on_control`], [`Conn::on_data`],
+//! [`Conn::on_work_request_failed`]), local verbs errors ([`Conn::on_local_error`]),
+//! the application's [`Conn::read`] / [`Conn::write`], handler registrations
+//! ([`Conn::set_read_handler`], [`Conn::set_write_handler`]), the IO threads'
+//! [`Conn::postpone`], the keepalive tick, and `ct->accept` / `ct->close`.
+//!
+//! **Outputs** are polled: [`Conn::poll_control`] (a control message to post), and the
+//! handler schedule: one *run* (what the completion-fd callback or
+//! `process_pending_data` does) is [`Conn::begin_run`], then [`Conn::next_step`] until it
+//! says [`Step::Done`], calling the handler it names and reporting its return with
+//! [`Conn::handler_returned`]. [`Step::Done`] says whether the connection goes on the
+//! pending list; outside a run, [`Conn::wants_pending`] answers the same question for
+//! `set_*_handler`, `update_state`, CM events and the keepalive tick (`queue_if_due`).
+//!
+//! Errors are typed ([`Failure`], [`ReadError`], [`WriteError`]); a failure is returned
+//! as `Err` exactly once, by the input that caused it, so the driver logs one line.
+//!
+//! Sections cited: `docs/protocol.md §N` and `docs/server-abi.md §N`.
+
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::ops::Range;
+
+use super::session::{Role, Session, SessionEvent};
+use super::window::{RxWindow, TxWindow};
+use super::{ControlMessage, Violation};
+
+/// Why a connection failed (the server sees state ERROR and `last_errno`,
+/// docs/protocol.md §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The peer broke the protocol: `EPROTO` (docs/protocol.md §6).
+    Protocol(Violation),
+    /// A work request completed with an error status while the peer was still there:
+    /// a remote access error, RNR retries exhausted, a too-long SEND. `EIO`.
+    WorkRequest { status: u32, vendor_err: u32 },
+    /// A local verbs call failed (posting a work request, allocating the TX buffer);
+    /// `errno` is what the call reported.
+    Local { call: &'static str, errno: i32 },
+}
+
+impl Failure {
+    /// The errno the server shows for it (`get_last_error`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Failure::Protocol(_) => libc::EPROTO,
+            Failure::WorkRequest { .. } => libc::EIO,
+            Failure::Local { errno, .. } => *errno,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Protocol(v) => write!(f, "protocol violation: {v}"),
+            Failure::WorkRequest { status, vendor_err } => {
+                write!(f, "work request failed (ibv_wc_status {status}, vendor error {vendor_err:#x})")
+            }
+            Failure::Local { call, errno } => write!(f, "{call} failed (errno {errno})"),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The connection's life. Only forward moves exist: `Accepting → Established →
+/// PeerClosed | Failed → Closed`, with shortcuts (a peer may leave or fail before
+/// ESTABLISHED; `Closed` is reachable from anywhere).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// The CM's ESTABLISHED has not been seen. The QP is already usable (rdma_accept
+    /// moves it to RTS), so data may arrive and be read; nothing can be written, since
+    /// our RegisterXferMemory must go first (docs/protocol.md §1).
+    Accepting,
+    /// ESTABLISHED seen and our RegisterXferMemory queued.
+    Established,
+    /// The peer left (DISCONNECTED and friends, docs/protocol.md §1). Bytes it wrote
+    /// before leaving are still read; then `read` reports EOF (docs/server-abi.md §4.2).
+    PeerClosed,
+    /// A failure ended the connection; `read`/`write` report it (state ERROR).
+    Failed(Failure),
+    /// Closed locally (`ct->close`, or the client dropped its stream). Terminal: no
+    /// handler runs any more and every input is ignored.
+    Closed,
+}
+
+/// The value of the server's `conn->state` for the connection (docs/server-abi.md §1.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    Accepting,
+    Connected,
+    Closed,
+    Error,
+}
+
+/// A server handler the core asks the driver to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    Read,
+    Write,
+}
+
+/// `postpone_update_state`'s mask (docs/server-abi.md §4.5): while an IO thread owns
+/// the client, the handlers it names must not run from the main thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Postpone {
+    pub read: bool,
+    pub write: bool,
+}
+
+impl Postpone {
+    pub const NONE: Postpone = Postpone { read: false, write: false };
+    pub const READ: Postpone = Postpone { read: true, write: false };
+    pub const WRITE: Postpone = Postpone { read: false, write: true };
+    pub const BOTH: Postpone = Postpone { read: true, write: true };
+
+    /// 9.1.2's mask: `CONN_POSTPONE_READ` 1, `CONN_POSTPONE_WRITE` 2.
+    pub fn from_mask(mask: i32) -> Postpone {
+        Postpone { read: mask & 1 != 0, write: mask & 2 != 0 }
+    }
+}
+
+/// Why [`Conn::read`] returned no bytes (docs/server-abi.md §4.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// Nothing unread now (-1, EAGAIN, state CONNECTED): a completion will tell.
+    WouldBlock,
+    /// The peer left and every byte it sent was read (-1, state CLOSED).
+    Eof,
+    /// The connection failed (-1, state ERROR).
+    Failed(Failure),
+    /// Closed locally: the caller holds a connection it closed.
+    Closed,
+}
+
+/// Why [`Conn::write`] took nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// Nothing can be taken now; `write` returns 0 and the write handler stays
+    /// installed (docs/server-abi.md §4.2). The reason tells what reopens it.
+    WouldBlock(Blocked),
+    /// The peer left (-1, state CLOSED).
+    PeerClosed,
+    /// The connection failed (-1, state ERROR).
+    Failed(Failure),
+    /// Closed locally.
+    Closed,
+}
+
+/// What keeps a write from moving bytes now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// ESTABLISHED not seen yet (docs/protocol.md §1).
+    NotEstablished,
+    /// The peer's window is used up, or it has not registered its RX buffer yet: the
+    /// peer's RegisterXferMemory reopens it (docs/protocol.md §4.1, §4.3).
+    WindowExhausted,
+    /// 64 or fewer send-queue entries left: a signalled send completion frees them
+    /// (docs/protocol.md §4.5).
+    SendQueueFull,
+    /// A zero-length write.
+    Empty,
+}
+
+/// A reserved piece of the peer's window: copy `len` bytes into the TX buffer at
+/// `offset` and post one RDMA_WRITE_WITH_IMM to `remote_addr + offset` with `rkey`
+/// and immediate `len` (docs/protocol.md §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteGrant {
+    pub offset: u32,
+    pub len: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// What a received control message means for the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// Nothing to do (also: ignored because the connection is failed or closed). An
+    /// answer, if one is due, is queued for [`Conn::poll_control`].
+    Nothing,
+    /// A Keepalive (clients count them).
+    Keepalive,
+    /// The server answered GetServerFeature (client side).
+    ServerFeatures(u64),
+    /// The client asked for features we do not have; ignored, as upstream does.
+    UnsupportedFeatures(u64),
+    /// The TX window is open again at offset 0. With `resized`, the driver must make its
+    /// TX buffer `len` bytes long before its next write (docs/protocol.md §2, §3.2).
+    PeerRxRegistered { len: u32, resized: bool },
+}
+
+/// `ct->accept` on a connection that cannot be accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptError {
+    /// `accept` was already called.
+    AlreadyAccepted,
+    /// The peer left or the connection failed or was closed before the server accepted
+    /// it: `accept` returns C_ERR and the server frees the client.
+    Gone,
+}
+
+/// One step of a run, from [`Conn::next_step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Call this server handler now, then [`Conn::handler_returned`].
+    Call(Handler),
+    /// The run is over. `pending`: put the connection on the pending list, so that
+    /// `process_pending_data` runs it again without an fd event (docs/server-abi.md §4.3).
+    Done { pending: bool },
+}
+
+/// What the driver does after a handler returned (connhelpers.h `callHandler`,
+/// docs/server-abi.md §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterHandler {
+    /// Go on.
+    Continue,
+    /// The handler closed the connection and no other handler is on the stack:
+    /// tear it down and free it now; touch nothing after.
+    FreeNow,
+    /// Closed, but an outer handler is still running: it frees when it returns.
+    Closed,
+}
+
+/// What `ct->close` must do (docs/server-abi.md §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseOutcome {
+    /// First close: remove the connection from the live set and the pending list and
+    /// unwatch its fd. Exactly once per connection (the old code unregistered twice).
+    pub unregister: bool,
+    /// No handler is running: tear down and free now. Otherwise the close is scheduled
+    /// (CONN_FLAG_CLOSE_SCHEDULED) and [`Conn::handler_returned`] says when to free.
+    /// Exactly once per connection.
+    pub free_now: bool,
+}
+
+/// Where the RX buffer is, for RegisterXferMemory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxBuffer {
+    pub addr: u64,
+    pub len: u32,
+    pub key: u32,
+}
+
+/// The stages a run walks through (docs/server-abi.md §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The read handler, again while unread bytes remain and each call consumed some.
+    ReadLoop,
+    /// The write handler once, if it is due (window, send queue, not postponed).
+    WriteIfDue,
+    /// The read handler once (it learns EOF or the error).
+    ReadOnce,
+    /// The write handler once, window or not (it learns the error too).
+    WriteOnce,
+}
+
+/// What a run was started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Accepting/Established: read loop and write handler (write first with a barrier).
+    Live,
+    /// PeerClosed with unread bytes: read them (the read loop only).
+    Drain,
+    /// Failed, or PeerClosed with nothing unread: tell the server, once.
+    Final,
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    plan: Plan,
+    stages: [Option<Stage>; 2],
+    at: usize,
+    read_calls: u32,
+    /// The last read-handler call consumed bytes.
+    last_read_progressed: bool,
+    /// Some read-handler call of this run consumed bytes.
+    read_progressed: bool,
+    /// Some write-handler call of this run moved bytes.
+    wrote: bool,
+    /// The handler being called and the byte counter before it.
+    calling: Option<(Handler, u64)>,
+}
+
+/// One connection's protocol and scheduling state. See the module documentation.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    state: State,
+    session: Session,
+    /// Server: `ct->accept` was called (conn->state left ACCEPTING). Clients start
+    /// accepted: they have no server to hand the connection to.
+    accepted: bool,
+    control: VecDeque<ControlMessage>,
+    read_handler: bool,
+    write_handler: bool,
+    barrier: bool,
+    postponed: Postpone,
+    /// Bytes handed to the application by `read`, and taken by `write`: a handler
+    /// "made progress" when its counter moved (docs/server-abi.md §4.5, read loop guard).
+    bytes_read: u64,
+    bytes_written: u64,
+    /// The driver stopped polling at its per-wake-up budget with completions left; the
+    /// completion channel will not signal them again.
+    completions_left: bool,
+    /// Handlers on the stack (connhelpers.h `refs`).
+    depth: u32,
+    freed: bool,
+    run: Option<Run>,
+}
+
+impl Conn {
+    /// A connection whose QP exists and whose receives are posted: the server's at
+    /// CONNECT_REQUEST (docs/protocol.md §1), the client's before `rdma_connect`.
+    pub fn new(role: Role, rx: RxBuffer) -> Conn {
+        Conn {
+            state: State::Accepting,
+            session: Session::new(role, rx.addr, rx.len, rx.key),
+            accepted: role == Role::Client,
+            control: VecDeque::new(),
+            read_handler: false,
+            write_handler: false,
+            barrier: false,
+            postponed: Postpone::NONE,
+            bytes_read: 0,
+            bytes_written: 0,
+            completions_left: false,
+            depth: 0,
+            freed: false,
+            run: None,
+        }
+    }
+
+    // ----- what the driver and the server read -------------------------------------
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub fn role(&self) -> Role {
+        self.session.role()
+    }
+
+    /// `conn->state` as the server must see it.
+    pub fn server_state(&self) -> ServerState {
+        match self.state {
+            State::Accepting | State::Established if !self.accepted => ServerState::Accepting,
+            State::Accepting | State::Established => ServerState::Connected,
+            State::PeerClosed | State::Closed => ServerState::Closed,
+            State::Failed(_) => ServerState::Error,
+        }
+    }
+
+    pub fn failure(&self) -> Option<&Failure> {
+        match &self.state {
+            State::Failed(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    pub fn rx(&self) -> &RxWindow {
+        &self.session.rx
+    }
+
+    pub fn tx(&self) -> &TxWindow {
+        &self.session.tx
+    }
+
+    pub fn postponed(&self) -> Postpone {
+        self.postponed
+    }
+
+    pub fn has_read_handler(&self) -> bool {
+        self.read_handler
+    }
+
+    pub fn has_write_handler(&self) -> bool {
+        self.write_handler
+    }
+
+    pub fn write_barrier(&self) -> bool {
+        self.barrier
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    fn is_live(&self) -> bool {
+        matches!(self.state, State::Accepting | State::Established)
+    }
+
+    /// The peer left and everything it sent was read: what is left is EOF
+    /// (docs/server-abi.md §4.2: bytes before the disconnect come first, as with TCP).
+    fn at_eof(&self) -> bool {
+        self.state == State::PeerClosed && !self.session.rx.has_unread()
+    }
+
+    /// The server must be told the connection is over: its next `read` fails.
+    fn terminal_due(&self) -> bool {
+        matches!(self.state, State::Failed(_)) || self.at_eof()
+    }
+
+    fn read_runnable(&self) -> bool {
+        self.read_handler && !self.postponed.read
+    }
+
+    fn terminal_runnable(&self) -> bool {
+        self.read_runnable() || (self.write_handler && !self.postponed.write)
+    }
+
+    /// The write handler would move bytes now: installed, not postponed, established,
+    /// window left and send-queue room (docs/server-abi.md §4.3).
+    fn write_due(&self, sq_room: bool) -> bool {
+        self.write_handler
+            && !self.postponed.write
+            && self.state == State::Established
+            && self.session.tx.available() > 0
+            && sq_room
+    }
+
+    // ----- CM events ---------------------------------------------------------------
+
+    /// `ct->accept`: the server takes the connection (ACCEPTING → CONNECTED,
+    /// docs/protocol.md §1 step 5). The driver then calls the accept handler between
+    /// [`enter_handler`](Self::enter_handler) and [`handler_returned`](Self::handler_returned).
+    pub fn on_accepted(&mut self) -> Result<(), AcceptError> {
+        if self.accepted {
+            return Err(AcceptError::AlreadyAccepted);
+        }
+        if !self.is_live() {
+            return Err(AcceptError::Gone);
+        }
+        self.accepted = true;
+        Ok(())
+    }
+
+    /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (docs/protocol.md §1, §4.3).
+    /// A repeated event, or one after the connection ended, is ignored.
+    pub fn on_established(&mut self) {
+        if self.state == State::Accepting {
+            self.state = State::Established;
+            self.control.push_back(self.session.register_rx());
+        }
+    }
+
+    /// The peer left: DISCONNECTED, TIMEWAIT_EXIT, DEVICE_REMOVAL, CONNECT_ERROR,
+    /// UNREACHABLE, REJECTED, ADDR_CHANGE (docs/protocol.md §1). The driver then drains
+    /// the completion queue into the core: the peer's last writes complete before the
+    /// flush errors, so their bytes are read before EOF, and the flush errors are no
+    /// failure. Unsent control messages are dropped. Returns whether the state changed.
+    pub fn on_disconnected(&mut self) -> bool {
+        if self.is_live() {
+            self.state = State::PeerClosed;
+            self.control.clear();
+            return true;
+        }
+        false
+    }
+
+    // ----- completions -------------------------------------------------------------
+
+    fn fail(&mut self, f: Failure) -> Failure {
+        self.state = State::Failed(f.clone());
+        self.control.clear();
+        f
+    }
+
+    /// A SEND arrived in a receive slot; `bytes` is what its completion reports
+    /// (`byte_len` bytes of the slot). A violation fails the connection, also after the
+    /// peer left: its stream is corrupt, EOF would claim it was whole (docs/protocol.md
+    /// §6). On a failed or closed connection the message is ignored ("the remaining
+    /// completions of that batch are dropped").
+    pub fn on_control(&mut self, bytes: &[u8]) -> Result<Received, Failure> {
+        if matches!(self.state, State::Failed(_) | State::Closed) {
+            return Ok(Received::Nothing);
+        }
+        match self.session.on_control(bytes) {
+            Err(v) => Err(self.fail(Failure::Protocol(v))),
+            Ok(SessionEvent::None) => Ok(Received::Nothing),
+            Ok(SessionEvent::Keepalive) => Ok(Received::Keepalive),
+            Ok(SessionEvent::Reply(m)) => {
+                // GetServerFeature's answer (docs/protocol.md §3.2); pointless once the
+                // peer is gone.
+                if self.is_live() {
+                    self.control.push_back(m);
+                }
+                Ok(Received::Nothing)
+            }
+            Ok(SessionEvent::PeerRxRegistered { len, resized }) => Ok(Received::PeerRxRegistered { len, resized }),
+            Ok(SessionEvent::ServerFeatures(f)) => Ok(Received::ServerFeatures(f)),
+            Ok(SessionEvent::UnsupportedFeatures(f)) => Ok(Received::UnsupportedFeatures(f)),
+        }
+    }
+
+    /// An RDMA_WRITE_WITH_IMM completed in our RX buffer with immediate `imm`
+    /// (docs/protocol.md §4.2). Past the window: `RxOverrun` (upstream asserts, §7).
+    /// Accepted after the peer left: those are the bytes it wrote before leaving.
+    pub fn on_data(&mut self, imm: u32) -> Result<(), Failure> {
+        if matches!(self.state, State::Failed(_) | State::Closed) {
+            return Ok(());
+        }
+        self.session.on_data(imm).map_err(|v| self.fail(Failure::Protocol(v)))
+    }
+
+    /// After each poll of the completion queue: `left` when the poll stopped at the
+    /// driver's per-wake-up budget (a peer flooding Keepalives must not keep the main
+    /// thread in one connection's drain). The channel will not signal the rest, so the
+    /// connection stays due (pending) until a poll comes back short.
+    pub fn set_completions_left(&mut self, left: bool) {
+        self.completions_left = left;
+    }
+
+    pub fn completions_left(&self) -> bool {
+        self.completions_left
+    }
+
+    /// A work request completed with an error status. Only a live connection fails:
+    /// after the peer left these are flushes, no news (docs/protocol.md §6), and a
+    /// failed connection keeps its first reason.
+    pub fn on_work_request_failed(&mut self, status: u32, vendor_err: u32) -> Result<(), Failure> {
+        if !self.is_live() {
+            return Ok(());
+        }
+        Err(self.fail(Failure::WorkRequest { status, vendor_err }))
+    }
+
+    /// A local verbs call failed: posting a write or a control message, allocating the
+    /// TX buffer. Same rule as [`on_work_request_failed`](Self::on_work_request_failed).
+    pub fn on_local_error(&mut self, call: &'static str, errno: i32) -> Result<(), Failure> {
+        if !self.is_live() {
+            return Ok(());
+        }
+        Err(self.fail(Failure::Local { call, errno }))
+    }
+
+    // ----- the data path -----------------------------------------------------------
+
+    /// The unread bytes as a range of the RX buffer, without consuming them (for a
+    /// relay that consumes only what its sink took). Errors as [`read`](Self::read).
+    pub fn readable(&self) -> Result<Range<usize>, ReadError> {
+        match &self.state {
+            State::Closed => Err(ReadError::Closed),
+            State::Failed(f) => Err(ReadError::Failed(f.clone())),
+            _ if self.at_eof() => Err(ReadError::Eof),
+            _ => {
+                let r = self.session.rx.readable();
+                if r.is_empty() {
+                    Err(ReadError::WouldBlock)
+                } else {
+                    Ok(r)
+                }
+            }
+        }
+    }
+
+    /// Marks `n` bytes of [`readable`](Self::readable) as read. When that empties a full
+    /// RX buffer, RegisterXferMemory is queued to hand it back (docs/protocol.md §4.3),
+    /// unless the peer is gone. The driver must copy the bytes out *before* posting the
+    /// queued message: the peer writes over them once it has it.
+    pub fn consume(&mut self, n: usize) {
+        if matches!(self.state, State::Failed(_) | State::Closed) {
+            return;
+        }
+        let n = n.min(self.session.rx.readable().len());
+        self.bytes_read += n as u64;
+        if let Some(msg) = self.session.consume(n) {
+            if self.is_live() {
+                self.control.push_back(msg);
+            }
+        }
+    }
+
+    /// `read` (main thread or IO thread): up to `max` unread bytes, as the range of the
+    /// RX buffer to copy; they count as consumed at once. See
+    /// [`consume`](Self::consume) for the ordering with [`poll_control`](Self::poll_control).
+    pub fn read(&mut self, max: usize) -> Result<Range<usize>, ReadError> {
+        let r = self.readable()?;
+        let r = r.start..r.start + r.len().min(max);
+        self.consume(r.len());
+        Ok(r)
+    }
+
+    /// The bytes a write would take now (the client's `write_room`).
+    pub fn write_room(&self, sq_room: bool) -> usize {
+        if self.state == State::Established && sq_room {
+            self.session.tx.available() as usize
+        } else {
+            0
+        }
+    }
+
+    /// `write`/`writev` (main thread or IO thread): reserves up to `len` bytes of the
+    /// peer's window. `sq_room`: the send queue has more than the entries kept for
+    /// control messages (docs/protocol.md §4.5). The bytes count as written once
+    /// granted; if posting then fails, report it with [`on_local_error`](Self::on_local_error).
+    pub fn write(&mut self, len: usize, sq_room: bool) -> Result<WriteGrant, WriteError> {
+        match &self.state {
+            State::Closed => return Err(WriteError::Closed),
+            State::Failed(f) => return Err(WriteError::Failed(f.clone())),
+            State::PeerClosed => return Err(WriteError::PeerClosed),
+            State::Accepting => return Err(WriteError::WouldBlock(Blocked::NotEstablished)),
+            State::Established => {}
+        }
+        if len == 0 {
+            return Err(WriteError::WouldBlock(Blocked::Empty));
+        }
+        if !sq_room {
+            return Err(WriteError::WouldBlock(Blocked::SendQueueFull));
+        }
+        let Some((offset, n)) = self.session.tx.reserve(len) else {
+            return Err(WriteError::WouldBlock(Blocked::WindowExhausted));
+        };
+        self.bytes_written += u64::from(n);
+        Ok(WriteGrant { offset, len: n, remote_addr: self.session.tx.remote_addr, rkey: self.session.tx.rkey })
+    }
+
+    // ----- control messages --------------------------------------------------------
+
+    /// The next control message to post (always signalled, docs/protocol.md §3.3). Drain
+    /// it after every input that may queue one: `on_established`, `on_control`, `read`
+    /// / `consume`, `keepalive_tick`, `send_control`. A failed post goes to
+    /// [`on_local_error`](Self::on_local_error).
+    pub fn poll_control(&mut self) -> Option<ControlMessage> {
+        if self.is_live() {
+            self.control.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Queues a message of the client's own (GetServerFeature, SetClientFeature).
+    pub fn send_control(&mut self, msg: ControlMessage) {
+        if self.is_live() {
+            self.control.push_back(msg);
+        }
+    }
+
+    /// The module-wide keepalive timer fired (docs/protocol.md §5): a server connection
+    /// that is CONNECTED and has sent its RegisterXferMemory gets a Keepalive. The driver
+    /// then drains [`poll_control`](Self::poll_control) and asks
+    /// [`wants_pending`](Self::wants_pending) (the tick is the pending list's safety net).
+    pub fn keepalive_tick(&mut self) {
+        if self.session.role() == Role::Server && self.accepted && self.state == State::Established {
+            self.control.push_back(ControlMessage::Keepalive);
+        }
+    }
+
+    // ----- handlers and IO threads -------------------------------------------------
+
+    /// `set_read_handler`: only stored (docs/server-abi.md §4.1); then ask
+    /// [`wants_pending`](Self::wants_pending).
+    pub fn set_read_handler(&mut self, installed: bool) {
+        self.read_handler = installed;
+    }
+
+    /// `set_write_handler` with its barrier flag (AE_BARRIER: write before read).
+    pub fn set_write_handler(&mut self, installed: bool, barrier: bool) {
+        self.write_handler = installed;
+        self.barrier = barrier;
+    }
+
+    /// `postpone_update_state` (docs/server-abi.md §4.5), from an IO thread or the main
+    /// thread. The server sets the mask (often to none) before `update_state`.
+    pub fn postpone(&mut self, mask: Postpone) {
+        self.postponed = mask;
+    }
+
+    /// `update_state`: the IO thread is done. Only says whether something became due
+    /// meanwhile; handlers never run from here (`sync_handlers_in_update_state = 0`).
+    pub fn update_state(&self, sq_room: bool) -> bool {
+        self.wants_pending(sq_room)
+    }
+
+    /// `queue_if_due`: must the connection go on the pending list, outside a run
+    /// (after `set_*_handler`, `update_state`, a CM event, the keepalive tick, or any
+    /// input made outside a handler)? The server must learn the end (a handler can
+    /// run), the read handler has unread bytes, or the write handler is due. Postponed
+    /// handlers are not due: `update_state` asks again.
+    pub fn wants_pending(&self, sq_room: bool) -> bool {
+        if self.state == State::Closed {
+            return false;
+        }
+        if self.completions_left {
+            return true;
+        }
+        if !self.accepted {
+            return false;
+        }
+        if self.terminal_due() {
+            return self.terminal_runnable();
+        }
+        (self.read_runnable() && self.session.rx.has_unread()) || self.write_due(sq_room)
+    }
+
+    // ----- one run (docs/server-abi.md §4.1, §4.3) ---------------------------------
+
+    /// Starts one run: the completion fd fired (after its completions were fed in), or
+    /// `process_pending_data` popped the connection. What the run does is decided here:
+    /// - Failed, or the peer left and nothing is unread: the read handler once, then
+    ///   the write handler once: `read` (or `write`) fails and the server frees the
+    ///   client;
+    /// - the peer left with unread bytes: the read loop only (they come before EOF);
+    /// - live: the read loop and the write handler if due; with a write barrier the
+    ///   write handler first, as ae's AE_BARRIER does.
+    ///
+    /// A run during which the connection ends (a failed post, the peer's last bytes
+    /// read) continues as a final one.
+    ///
+    /// Nothing runs before `ct->accept` or after close.
+    pub fn begin_run(&mut self) {
+        if self.state == State::Closed || !self.accepted {
+            self.run = None;
+            return;
+        }
+        let plan = if self.terminal_due() {
+            Plan::Final
+        } else if self.state == State::PeerClosed {
+            Plan::Drain
+        } else {
+            Plan::Live
+        };
+        let stages = match plan {
+            Plan::Live if self.barrier => [Some(Stage::WriteIfDue), Some(Stage::ReadLoop)],
+            Plan::Live => [Some(Stage::ReadLoop), Some(Stage::WriteIfDue)],
+            Plan::Drain => [Some(Stage::ReadLoop), None],
+            Plan::Final => [Some(Stage::ReadOnce), Some(Stage::WriteOnce)],
+        };
+        self.run = Some(Run {
+            plan,
+            stages,
+            at: 0,
+            read_calls: 0,
+            last_read_progressed: false,
+            read_progressed: false,
+            wrote: false,
+            calling: None,
+        });
+    }
+
+    /// Whether the state still belongs to the run's plan (the read loop stops when it
+    /// changes, e.g. a failed post while reading).
+    fn same_plan(&self, plan: Plan) -> bool {
+        match plan {
+            Plan::Live => self.is_live(),
+            Plan::Drain => self.state == State::PeerClosed,
+            Plan::Final => self.state != State::Closed,
+        }
+    }
+
+    /// The next handler to call in this run, or the end of the run. `sq_room` as for
+    /// [`write`](Self::write).
+    ///
+    /// The read loop goes on while unread bytes remain and the previous call consumed
+    /// some: a call that consumed nothing means an IO thread has the client
+    /// (`readQueryFromClient` returns without reading, docs/server-abi.md §4.5) and
+    /// `update_state` will queue it; not while READ is postponed.
+    pub fn next_step(&mut self, sq_room: bool) -> Step {
+        let Some(mut run) = self.run.take() else {
+            return Step::Done { pending: self.state != State::Closed && self.completions_left };
+        };
+        if self.state == State::Closed {
+            return Step::Done { pending: false };
+        }
+        if run.plan != Plan::Final && self.terminal_due() {
+            // The connection ended during the run (a failed post, an IO thread's write,
+            // or the peer's last bytes consumed): finish as a final run, so the server
+            // learns it now rather than on the next iteration.
+            run.plan = Plan::Final;
+            run.stages = [Some(Stage::ReadOnce), Some(Stage::WriteOnce)];
+            run.at = 0;
+        }
+        while let Some(stage) = run.stages.get(run.at).copied().flatten() {
+            let call = match stage {
+                Stage::ReadLoop => {
+                    let more = run.read_calls == 0 || run.last_read_progressed;
+                    (more && self.read_runnable() && self.session.rx.has_unread() && self.same_plan(run.plan))
+                        .then_some(Handler::Read)
+                }
+                Stage::ReadOnce => self.read_runnable().then_some(Handler::Read),
+                Stage::WriteIfDue => (self.write_due(sq_room) && self.same_plan(run.plan)).then_some(Handler::Write),
+                Stage::WriteOnce => (self.write_handler && !self.postponed.write).then_some(Handler::Write),
+            };
+            let Some(h) = call else {
+                run.at += 1;
+                continue;
+            };
+            if stage != Stage::ReadLoop {
+                run.at += 1;
+            }
+            let before = match h {
+                Handler::Read => {
+                    run.read_calls += 1;
+                    self.bytes_read
+                }
+                Handler::Write => self.bytes_written,
+            };
+            run.calling = Some((h, before));
+            self.depth += 1;
+            self.run = Some(run);
+            return Step::Call(h);
+        }
+        Step::Done { pending: self.pending_after(&run, sq_room) }
+    }
+
+    /// After a run: is the connection due again *because of this run*? Never merely
+    /// because something is due: a handler that made no progress would then spin the
+    /// event loop (the C module's 104 % CPU, docs/server-abi.md §4.3).
+    /// - the connection ended: never (the run became a final one, which told the
+    ///   handlers; if none could run, `set_*_handler`/`update_state` queue it later);
+    /// - the peer left, unread bytes remain and the read handler made progress;
+    /// - the write handler wrote, is still installed and still due (window open, send
+    ///   queue room): a reply of many blocks is written ~64 KiB per call and RDMA has
+    ///   no POLLOUT to call it again (the 3 s-per-piece stall);
+    /// - completions are left from a poll that stopped at its budget.
+    fn pending_after(&self, run: &Run, sq_room: bool) -> bool {
+        if self.state == State::Closed {
+            return false;
+        }
+        if self.completions_left {
+            return true;
+        }
+        if !self.accepted {
+            return false;
+        }
+        if self.terminal_due() {
+            return run.plan != Plan::Final && self.terminal_runnable();
+        }
+        if self.state == State::PeerClosed {
+            return run.read_progressed && self.read_runnable();
+        }
+        run.wrote && self.write_due(sq_room)
+    }
+
+    /// A handler returned (the run's, or the accept handler entered with
+    /// [`enter_handler`](Self::enter_handler)). Records whether a run's handler made
+    /// progress, and implements connhelpers.h `callHandler`: a close requested inside
+    /// frees the connection once the outermost handler returns.
+    pub fn handler_returned(&mut self) -> AfterHandler {
+        debug_assert!(self.depth > 0, "handler_returned without a handler");
+        self.depth = self.depth.saturating_sub(1);
+        if let Some(run) = self.run.as_mut() {
+            if let Some((h, before)) = run.calling.take() {
+                match h {
+                    Handler::Read => {
+                        run.last_read_progressed = self.bytes_read != before;
+                        run.read_progressed |= run.last_read_progressed;
+                    }
+                    Handler::Write => run.wrote |= self.bytes_written != before,
+                }
+            }
+        }
+        if self.state != State::Closed {
+            return AfterHandler::Continue;
+        }
+        self.run = None;
+        if self.depth == 0 && !self.freed {
+            self.freed = true;
+            AfterHandler::FreeNow
+        } else {
+            AfterHandler::Closed
+        }
+    }
+
+    /// A handler outside a run is about to be called (the accept handler of
+    /// `ct->accept`); pair it with [`handler_returned`](Self::handler_returned).
+    pub fn enter_handler(&mut self) {
+        self.depth += 1;
+    }
+
+    /// `ct->close` (or the client dropping its stream): Closed from any state. Safe to
+    /// call more than once: only the first unregisters, and the connection is freed
+    /// exactly once, now or when the outermost handler returns
+    /// (docs/server-abi.md §4.4).
+    pub fn close(&mut self) -> CloseOutcome {
+        let unregister = self.state != State::Closed;
+        self.state = State::Closed;
+        self.control.clear();
+        let free_now = self.depth == 0 && !self.freed;
+        if free_now {
+            self.freed = true;
+            self.run = None;
+        }
+        CloseOutcome { unregister, free_now }
+    }
+}
+
+#[cfg(test)]
+#[path = "sim.rs"]
+mod sim;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rx() -> RxBuffer {
+        RxBuffer { addr: 0x1000, len: 100, key: 7 }
+    }
+
+    fn established_server() -> Conn {
+        let mut c = Conn::new(Role::Server, rx());
+        c.set_read_handler(true);
+        c.on_accepted().unwrap();
+        c.on_established();
+        assert!(matches!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { length: 100, .. })));
+        let reg = ControlMessage::RegisterXferMemory { addr: 0x9000, length: 50, key: 3 }.encode();
+        assert_eq!(c.on_control(&reg), Ok(Received::PeerRxRegistered { len: 50, resized: true }));
+        c
+    }
+
+    /// Runs once; `f` plays the handler. Returns the handlers called and `pending`.
+    fn run(c: &mut Conn, sq_room: bool, mut f: impl FnMut(&mut Conn, Handler)) -> (Vec<Handler>, bool) {
+        c.begin_run();
+        let mut called = vec![];
+        loop {
+            match c.next_step(sq_room) {
+                Step::Call(h) => {
+                    called.push(h);
+                    f(c, h);
+                    assert_eq!(c.handler_returned(), AfterHandler::Continue);
+                }
+                Step::Done { pending } => return (called, pending),
+            }
+        }
+    }
+
+    #[test]
+    fn multi_block_reply_stays_pending_while_it_writes_and_not_when_it_cannot() {
+        let mut c = established_server();
+        c.set_write_handler(true, false);
+        assert!(c.wants_pending(true));
+        let (called, pending) = run(&mut c, true, |c, _| {
+            c.write(20, true).unwrap();
+        });
+        assert_eq!(called, vec![Handler::Write]);
+        assert!(pending, "wrote, window open: run again without an fd event");
+        let (_, pending) = run(&mut c, true, |c, _| {
+            c.write(30, true).unwrap();
+        });
+        assert!(!pending, "window used up: the peer's RegisterXferMemory runs it");
+        assert!(!c.wants_pending(true));
+        // window reopened, send queue full: nothing due, no spinning
+        let reg = ControlMessage::RegisterXferMemory { addr: 0x9000, length: 50, key: 3 }.encode();
+        c.on_control(&reg).unwrap();
+        assert!(!c.wants_pending(false));
+        assert_eq!(run(&mut c, false, |_, _| unreachable!()), (vec![], false));
+        // a handler that writes nothing is not re-queued
+        let (called, pending) = run(&mut c, true, |_, _| {});
+        assert_eq!((called, pending), (vec![Handler::Write], false));
+    }
+
+    #[test]
+    fn barrier_runs_write_first_and_read_loop_stops_without_progress() {
+        let mut c = established_server();
+        c.on_data(10).unwrap();
+        c.set_write_handler(true, true);
+        let mut reads = 0;
+        let (called, _) = run(&mut c, true, |c, h| {
+            if h == Handler::Read {
+                reads += 1;
+                if reads == 1 {
+                    c.read(4).unwrap();
+                }
+            } else {
+                c.write(1, true).unwrap();
+            }
+        });
+        assert_eq!(called, vec![Handler::Write, Handler::Read, Handler::Read]);
+        c.postpone(Postpone::READ);
+        assert!(!c.wants_pending(false));
+        assert_eq!(run(&mut c, false, |_, _| unreachable!()).0, vec![]);
+        c.postpone(Postpone::NONE);
+        assert!(c.update_state(false));
+    }
+
+    #[test]
+    fn bytes_before_a_disconnect_are_read_before_eof_then_eof_once() {
+        let mut c = established_server();
+        c.on_data(10).unwrap();
+        assert!(c.on_disconnected());
+        assert_eq!(c.server_state(), ServerState::Closed);
+        assert!(c.wants_pending(true));
+        // flush errors after the peer left are no failure
+        assert_eq!(c.on_work_request_failed(5, 0), Ok(()));
+        c.set_write_handler(true, false);
+        let mut got = vec![];
+        let (called, pending) = run(&mut c, true, |c, h| match h {
+            Handler::Read => got.push(c.read(6)),
+            Handler::Write => assert_eq!(c.write(1, true), Err(WriteError::PeerClosed)),
+        });
+        assert_eq!(got, vec![Ok(0..6), Ok(6..10), Err(ReadError::Eof)], "bytes first, then EOF");
+        assert_eq!(called, vec![Handler::Read, Handler::Read, Handler::Read, Handler::Write]);
+        assert!(!pending, "the run told both handlers");
+        let (called, pending) = run(&mut c, true, |_, _| {});
+        assert_eq!((called, pending), (vec![Handler::Read, Handler::Write], false));
+    }
+
+    #[test]
+    fn violations_fail_once_with_their_reason_and_close_frees_once() {
+        let mut c = established_server();
+        let f = c.on_data(101).unwrap_err();
+        assert_eq!(f, Failure::Protocol(Violation::RxOverrun { offset: 0, imm: 101, len: 100 }));
+        assert_eq!(f.errno(), libc::EPROTO);
+        assert_eq!(c.on_control(&[0; 3]), Ok(Received::Nothing), "reported once");
+        assert_eq!(c.read(1), Err(ReadError::Failed(f.clone())));
+        assert!(c.wants_pending(true));
+        c.begin_run();
+        assert_eq!(c.next_step(true), Step::Call(Handler::Read));
+        assert_eq!(c.close(), CloseOutcome { unregister: true, free_now: false });
+        assert_eq!(c.close(), CloseOutcome { unregister: false, free_now: false });
+        assert_eq!(c.handler_returned(), AfterHandler::FreeNow);
+        assert_eq!(c.next_step(true), Step::Done { pending: false });
+        assert_eq!(c.close(), CloseOutcome { unregister: false, free_now: false });
+        assert!(!c.wants_pending(true));
+    }
+
+    #[test]
+    fn accept_is_refused_after_the_peer_left_and_nothing_runs_before_it() {
+        let mut c = Conn::new(Role::Server, rx());
+        c.set_read_handler(true);
+        c.on_data(5).unwrap();
+        assert!(!c.wants_pending(true), "not accepted yet");
+        assert_eq!(c.server_state(), ServerState::Accepting);
+        c.on_disconnected();
+        assert_eq!(c.on_accepted(), Err(AcceptError::Gone));
+        let mut c = Conn::new(Role::Server, rx());
+        c.on_accepted().unwrap();
+        assert_eq!(c.on_accepted(), Err(AcceptError::AlreadyAccepted));
+        assert_eq!(c.write(1, true), Err(WriteError::WouldBlock(Blocked::NotEstablished)));
+        c.enter_handler();
+        assert!(!c.close().free_now);
+        assert_eq!(c.handler_returned(), AfterHandler::FreeNow);
+    }
+
+    #[test]
+    fn full_and_consumed_buffer_is_handed_back_unless_the_peer_left() {
+        let mut c = established_server();
+        c.on_data(100).unwrap();
+        assert_eq!(c.read(60), Ok(0..60));
+        assert_eq!(c.poll_control(), None);
+        assert_eq!(c.read(60), Ok(60..100));
+        assert!(matches!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { .. })));
+        c.on_data(100).unwrap();
+        c.on_disconnected();
+        assert_eq!(c.read(100), Ok(0..100));
+        assert_eq!(c.poll_control(), None);
+        c.keepalive_tick();
+        assert_eq!(c.poll_control(), None);
+    }
+}
