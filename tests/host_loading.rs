@@ -248,6 +248,17 @@ fn the_module_does_not_link_rdma_libraries_and_exports_only_its_entry_points() {
 }
 
 #[test]
+fn the_shipped_module_unwinds_so_that_its_guard_can_catch_a_panic() {
+    // With panic = "abort" the catch_unwind around every extern "C" entry could never
+    // catch: the first bug would abort the server. The unwinding runtime is linked in
+    // only when panics unwind.
+    let out = Command::new("nm").arg(module()).output().unwrap();
+    let symbols = String::from_utf8_lossy(&out.stdout);
+    assert!(symbols.contains("__rust_panic_cleanup"), "librdma.so was built with panic = \"abort\"");
+    assert!(symbols.contains("_Unwind_RaiseException"));
+}
+
+#[test]
 fn the_client_says_there_is_no_rdma_device() {
     // This machine has no RDMA device: the first error a user of the client can act on.
     let cli = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/valkey-rdma-cli");

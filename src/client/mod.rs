@@ -114,7 +114,10 @@ impl RdmaStream {
         expect_event(&channel, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &addr)?;
         id.resolve_route(2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
         expect_event(&channel, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &addr)?;
-        let mut ep = Endpoint::new(id, &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0) })?;
+        let mut ep = Endpoint::new(
+            id,
+            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false },
+        )?;
         // SAFETY: all-zero is a valid rdma_conn_param (no private data).
         let mut param: rdma_conn_param = unsafe { std::mem::zeroed() };
         param.responder_resources = 1;
@@ -182,7 +185,7 @@ impl RdmaStream {
     /// request failed).
     fn drain_completions(&mut self) -> Result<(bool, bool)> {
         let mut completions = Vec::new();
-        self.ep.poll(|c| completions.push(c))?;
+        self.ep.poll(usize::MAX, |c| completions.push(c))?;
         let mut failed = false;
         for c in &completions {
             match *c {

@@ -34,8 +34,12 @@ struct Inner {
     bytes_read: u64,
     /// Bytes taken by `write`/`writev`, likewise for the write handler.
     bytes_written: u64,
-    /// Reused for each drain of the completion queue (no allocation per event).
+    /// Reused for each drain of the completion queue (no allocation per event; at most
+    /// [`COMPLETIONS_PER_WAKEUP`] long).
     completions: Vec<Completion>,
+    /// The last poll stopped at its budget: completions may be waiting, and the channel
+    /// will not signal them again.
+    completions_left: bool,
 }
 
 impl RdmaConnection {
@@ -65,7 +69,8 @@ impl RdmaConnection {
                 established: false,
                 bytes_read: 0,
                 bytes_written: 0,
-                completions: Vec::new(),
+                completions: Vec::with_capacity(COMPLETIONS_PER_WAKEUP),
+                completions_left: false,
             }),
         })
     }
@@ -199,14 +204,20 @@ impl RdmaConnection {
         g.established && g.session.tx.available() > 0 && g.ep.as_ref().is_some_and(|e| e.can_write())
     }
 
-    /// Drains the completion queue and applies every completion to the session.
-    pub fn process_completions(&self) {
+    /// Takes up to [`COMPLETIONS_PER_WAKEUP`] completions and applies them to the
+    /// session. Returns whether more may be waiting (the caller queues the connection
+    /// on the pending list, behind the others).
+    pub fn process_completions(&self) -> bool {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let Some(ep) = inner.ep.as_mut() else { return };
+        let Some(ep) = inner.ep.as_mut() else { return false };
         let completions = &mut inner.completions;
         completions.clear();
-        let mut failure = ep.poll(|c| completions.push(c)).err().map(Failure::Verbs);
+        let (left, mut failure) = match ep.poll(COMPLETIONS_PER_WAKEUP, |c| completions.push(c)) {
+            Ok(left) => (left, None),
+            Err(e) => (false, Some(Failure::Verbs(e))),
+        };
+        inner.completions_left = left && failure.is_none();
         for &c in completions.iter() {
             if failure.is_some() {
                 break;
@@ -235,9 +246,10 @@ impl RdmaConnection {
                 Completion::Failed { status, vendor_err } => Some(Failure::WorkRequest { status, vendor_err }),
             };
         }
+        let left = inner.completions_left;
         drop(guard);
         match failure {
-            None => {}
+            None => return left,
             Some(Failure::Verbs(e)) => self.verbs_failed(&e),
             Some(Failure::Protocol(v)) => self.violation(&v),
             Some(Failure::WorkRequest { status, vendor_err }) => self.fail(
@@ -245,6 +257,11 @@ impl RdmaConnection {
                 &format!("work request failed (ibv_wc_status {status}, vendor error {vendor_err:#x})"),
             ),
         }
+        false
+    }
+
+    fn completions_left(&self) -> bool {
+        self.lock().completions_left
     }
 
     /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (docs/protocol.md §1, §4.3).
@@ -270,7 +287,8 @@ impl RdmaConnection {
         for from in [CONN_STATE_CONNECTED, CONN_STATE_ACCEPTING] {
             let _ = self.conn.state.compare_exchange(from, CONN_STATE_CLOSED, Ordering::AcqRel, Ordering::Acquire);
         }
-        self.process_completions();
+        // Everything the peer sent before leaving, however much: this is the last look.
+        while self.process_completions() {}
     }
 
     pub fn send_keepalive(&self) {
@@ -463,7 +481,8 @@ unsafe fn run_write_handler(c: *mut RdmaConnection) -> WriteHandlerRun {
 /// `c` must be a live connection.
 pub unsafe fn queue_if_due(c: *mut RdmaConnection) {
     let state = (*c).state();
-    let due = state == CONN_STATE_CLOSED
+    let due = (*c).completions_left()
+        || state == CONN_STATE_CLOSED
         || state == CONN_STATE_ERROR
         || ((*c).conn.read_handler.is_some() && (*c).has_unread())
         || ((*c).conn.write_handler.is_some() && (*c).can_write_now());
@@ -483,9 +502,27 @@ pub unsafe extern "C" fn on_completion_fd(_fd: c_int, data: *mut c_void, _mask: 
         if !is_live(ConnPtr(c)) {
             return;
         }
-        (*c).process_completions();
+        if (*c).process_completions() {
+            pending_push(ConnPtr(c));
+        }
         run_handlers(c);
     })
+}
+
+/// Completions handled per connection per wake-up (fault of review: a peer sending
+/// Keepalives or empty writes as fast as it can kept the main thread in its drain).
+pub const COMPLETIONS_PER_WAKEUP: usize = 256;
+
+/// One turn of a connection on the pending list: the completions its last turn left,
+/// then its handlers.
+///
+/// # Safety
+/// `c` must be a live connection, on the main thread.
+pub unsafe fn run_pending(c: *mut RdmaConnection) {
+    if (*c).completions_left() && (*c).process_completions() {
+        pending_push(ConnPtr(c));
+    }
+    run_handlers(c);
 }
 
 enum Failure {

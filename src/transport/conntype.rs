@@ -1,6 +1,8 @@
 //! The `ConnectionType` table handed to `connTypeRegister`, one static per layout, and
 //! the `extern "C"` functions in it. Each forwards to `connection`/`listener` inside
 //! [`guard`], so that a bug can never unwind into C: it is logged and the call fails.
+//! The release profile unwinds (Cargo.toml) so that the guard can catch; with
+//! `panic = "abort"` it could not, and the first bug would take the server down.
 
 use std::ffi::{c_char, c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -221,7 +223,7 @@ unsafe extern "C" fn set_read_handler(c: *mut Connection, h: ConnHandler) -> c_i
 }
 
 unsafe extern "C" fn get_last_error(c: *mut Connection) -> *const c_char {
-    libc::strerror((*c).last_errno.load(std::sync::atomic::Ordering::Acquire))
+    guard(c"internal error".as_ptr(), || libc::strerror((*c).last_errno.load(std::sync::atomic::Ordering::Acquire)))
 }
 
 unsafe extern "C" fn sync_io(_: *mut Connection, _: *mut c_char, _: isize, _: c_longlong) -> isize {
@@ -229,7 +231,7 @@ unsafe extern "C" fn sync_io(_: *mut Connection, _: *mut c_char, _: isize, _: c_
 }
 
 unsafe extern "C" fn has_pending_data() -> c_int {
-    (pending_len() > 0) as c_int
+    guard(0, || (pending_len() > 0) as c_int)
 }
 
 /// Runs the handlers of the queued connections, each at most once per call (a
@@ -245,7 +247,7 @@ unsafe extern "C" fn process_pending_data() -> c_int {
             if !super::is_live(ConnPtr(c)) {
                 continue;
             }
-            connection::run_handlers(c);
+            connection::run_pending(c);
             processed += 1;
         }
         processed
@@ -253,7 +255,7 @@ unsafe extern "C" fn process_pending_data() -> c_int {
 }
 
 unsafe extern "C" fn postpone_update_state(c: *mut Connection, arg: c_int) {
-    (*rc(c)).set_postpone(global().abi.postpone_mask(arg));
+    guard((), || (*rc(c)).set_postpone(global().abi.postpone_mask(arg)))
 }
 
 /// After an IO thread finished with the client: queue whatever became due meanwhile.
@@ -325,5 +327,16 @@ pub fn connection_type_ptr() -> *const c_void {
         Abi::V8_1 => (&CT_81 as *const ConnectionType81).cast(),
         Abi::V9_1_0 => (&CT_910 as *const ConnectionType910).cast(),
         Abi::V9_1_2 => (&CT_912 as *const ConnectionType912).cast(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guard;
+
+    #[test]
+    fn a_panic_inside_the_guard_becomes_the_default_value() {
+        assert_eq!(guard(7, || -> i32 { panic!("a bug") }), 7);
+        assert_eq!(guard(7, || 8), 8);
     }
 }

@@ -29,6 +29,11 @@ struct ListenEndpoint {
 static LISTENING: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>> = Mutex::new(None);
 /// The channel of every accepted connection's id.
 static CONN_EVENTS: OnceLock<EventChannel> = OnceLock::new();
+/// Listening endpoints closed while the server's event loop was still unknown: their fds
+/// stay open (and watched by the server) until their next event hands us the loop, so
+/// that a new listener can never reuse a number the server still watches (the server
+/// panics on EPOLL_CTL_MOD of an fd it believes is another).
+static RETIRED: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>> = Mutex::new(None);
 
 fn conn_events() -> Result<&'static EventChannel, VerbsError> {
     if let Some(ch) = CONN_EVENTS.get() {
@@ -97,10 +102,8 @@ fn check_devices() -> bool {
 
 /// Locked memory one client pins: RX + TX buffers, control slots, guard pages.
 fn pinned_per_client() -> u64 {
-    // our RX buffer + a TX buffer the size of the client's RX buffer (upstream clients
-    // use the default) + the control slots + guard pages
-    let rx = global().settings.rx_size as u64;
-    rx + crate::protocol::DEFAULT_RX_SIZE as u64 + (crate::verbs::RX_SLOTS as u64 * 2 * 32) + 6 * 4096
+    // upstream clients offer the default RX size, which our TX buffer mirrors
+    crate::verbs::pinned_bytes(global().settings.rx_size, crate::protocol::DEFAULT_RX_SIZE)
 }
 
 fn warn_if_memlock_low() {
@@ -229,23 +232,33 @@ pub fn close_listener(listener: &mut ConnListener) {
     let mut reg = lock(&LISTENING);
     for i in 0..listener.count.max(0) as usize {
         let fd = listener.fd[i];
+        let Some(ep) = reg.as_mut().and_then(|r| r.remove(&fd)) else { continue };
         if el.is_null() {
-            log::warn!("RDMA: cannot unregister listener fd {fd}: the server's event loop is unknown");
+            log::debug!("RDMA: listener fd {fd} kept open until the server's event loop is known");
+            lock(&RETIRED).get_or_insert_with(HashMap::new).insert(fd, ep.clone());
         } else {
             // SAFETY: `el` is server.el (validated); the fd was registered by the server.
             unsafe { (symbols::get().ae_delete_file_event)(el, fd, AE_READABLE) };
         }
-        if let Some(ep) = reg.as_mut().and_then(|r| r.remove(&fd)) {
-            log::info!("RDMA: stopped listening on {}", ep.addr);
-        }
+        log::info!("RDMA: stopped listening on {}", ep.addr);
         listener.fd[i] = -1;
     }
     listener.count = 0;
 }
 
 /// `ct->accept_handler`: a listener channel has CM events (connect requests).
-pub fn on_listener_events(el: *mut c_void, fd: c_int) {
+///
+/// # Safety
+/// `el` must be the server's event loop, as the accept handler receives it.
+pub unsafe fn on_listener_events(el: *mut c_void, fd: c_int) {
     symbols::remember_event_loop(el);
+    if let Some(retired) = lock(&RETIRED).as_mut().and_then(|r| r.remove(&fd)) {
+        // Now the loop is known: unwatch, then close (rejecting what is queued on it).
+        // SAFETY: `el` is the server's loop, which watches this fd.
+        unsafe { (symbols::get().ae_delete_file_event)(el, fd, AE_READABLE) };
+        drop(retired);
+        return;
+    }
     let Some(ep) = lock(&LISTENING).as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
     for _ in 0..global().accepts_per_cycle {
         let event = match ep.channel.next_event() {
@@ -280,7 +293,8 @@ fn accept_one(raw_id: *mut rdma_sys::rdma_cm_id) {
         return log::warn!("RDMA: client {peer:?} refused: {e}");
     }
     let g = global();
-    let cfg = EndpointConfig { rx_size: g.settings.rx_size, comp_vector: g.settings.comp_vector };
+    let cfg =
+        EndpointConfig { rx_size: g.settings.rx_size, comp_vector: g.settings.comp_vector, reject_on_failure: true };
     let ep = match Endpoint::new(id, &cfg) {
         Ok(ep) => ep,
         Err(e) => {

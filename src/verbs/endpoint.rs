@@ -28,6 +28,9 @@ const WRID_SEQ_SHIFT: u32 = 11;
 
 pub struct EndpointConfig {
     pub rx_size: u32,
+    /// The server side: a connect request that cannot be served is rejected at once
+    /// (rdma_reject), so that the client learns it now and not at its CM timeout.
+    pub reject_on_failure: bool,
     /// `None`: pick one at random; `Some(n)`: n modulo the device's vectors.
     pub comp_vector: Option<u32>,
 }
@@ -54,6 +57,9 @@ pub struct Endpoint {
     rx_mr: *mut ibv_mr,
     tx_buf: Option<PinnedBuffer>,
     tx_mr: *mut ibv_mr,
+    /// TX buffers replaced while writes from them may be in flight, each with the
+    /// number of send work requests posted before it was replaced.
+    retired_tx: Vec<(PinnedBuffer, *mut ibv_mr, u64)>,
     free_tx_slots: Vec<u16>,
     /// Work requests posted to / known completed on the send queue. An RC send queue
     /// completes in order, so a signalled completion also completes all before it.
@@ -67,32 +73,62 @@ pub struct Endpoint {
 // thread-safe per object, and the owner serialises all use behind one lock.
 unsafe impl Send for Endpoint {}
 
+/// Memory one endpoint registers (what counts against `ulimit -l`): the control slots,
+/// our RX buffer and a TX buffer the size of the peer's RX buffer, each rounded up to
+/// whole pages. The one place that knows the layout; the start-up memlock check and the
+/// refusal hints use it.
+pub fn pinned_bytes(rx_size: u32, peer_rx_size: u32) -> u64 {
+    let page = super::resources::page_size() as u64;
+    let pages = |n: u64| n.max(1).div_ceil(page) * page;
+    pages(((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN) as u64) + pages(rx_size.into()) + pages(peer_rx_size.into())
+}
+
 impl Endpoint {
     /// Builds the resources on `id`, whose device is known (after CONNECT_REQUEST on
     /// the server, after ROUTE_RESOLVED on the client), and posts every receive.
     pub fn new(id: CmId, cfg: &EndpointConfig) -> Result<Endpoint> {
-        let l = loaded();
+        let refuse = |id: &CmId, e: VerbsError| {
+            if cfg.reject_on_failure {
+                id.reject();
+            }
+            e
+        };
         let verbs = id.raw().verbs;
         if verbs.is_null() {
-            return Err(VerbsError::with("rdma_cm id without a device", libc::ENODEV));
+            return Err(refuse(&id, VerbsError::with("rdma_cm id without a device", libc::ENODEV)));
         }
+        // The buffers come first, while `id` is still an ordinary owner: a failure here
+        // rejects and destroys it (dropped on return) instead of leaking it.
+        let ctrl_buf = PinnedBuffer::new((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN).map_err(|e| refuse(&id, e))?;
+        let rx_buf = PinnedBuffer::new(cfg.rx_size as usize).map_err(|e| refuse(&id, e))?;
         let mut ep = Endpoint {
             id: ManuallyDrop::new(id),
             pd: std::ptr::null_mut(),
             comp_channel: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
-            ctrl_buf: PinnedBuffer::new((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN)?,
+            ctrl_buf,
             ctrl_mr: std::ptr::null_mut(),
-            rx_buf: PinnedBuffer::new(cfg.rx_size as usize)?,
+            rx_buf,
             rx_mr: std::ptr::null_mut(),
             tx_buf: None,
             tx_mr: std::ptr::null_mut(),
+            retired_tx: Vec::new(),
             free_tx_slots: (0..TX_SLOTS as u16).rev().collect(),
             sq_posted: 0,
             sq_completed: 0,
             unsignaled_run: 0,
             comp_vector: 0,
         };
+        match ep.build(verbs, cfg) {
+            Ok(()) => Ok(ep),
+            Err(e) => Err(refuse(&ep.id, e)), // `ep` drops: everything made so far is released
+        }
+    }
+
+    /// Creates the verbs objects of a new endpoint and posts every receive.
+    fn build(&mut self, verbs: *mut ibv_context, cfg: &EndpointConfig) -> Result<()> {
+        let l = loaded();
+        let ep = self;
         // SAFETY: `verbs` is the live device context of the id. Every object created
         // here is stored in `ep` at once, so Drop releases whatever was made before a
         // failure, in reverse order.
@@ -143,7 +179,7 @@ impl Endpoint {
         if unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
             return Err(VerbsError::last("ibv_req_notify_cq"));
         }
-        Ok(ep)
+        Ok(())
     }
 
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
@@ -254,16 +290,41 @@ impl Endpoint {
     }
 
     /// Makes sure the TX buffer has `len` bytes (the peer's RX buffer size).
+    ///
+    /// The old buffer may still be read by the NIC: a peer may re-register before our
+    /// last writes into its old buffer completed on our side (a retransmission reads
+    /// them again), and a hostile one may do it at any time. So it is not freed here but
+    /// retired until the send queue has completed every work request posted so far
+    /// (docs/protocol.md §4.3); the next signalled completion (at the latest the
+    /// keepalive's) frees it.
     pub fn ensure_tx(&mut self, len: u32) -> Result<()> {
         if self.tx_buf.as_ref().is_some_and(|b| b.len() >= len as usize) && !self.tx_mr.is_null() {
             return Ok(());
         }
-        self.release_tx();
+        if let Some(old) = self.tx_buf.take() {
+            self.retired_tx.push((old, std::mem::replace(&mut self.tx_mr, std::ptr::null_mut()), self.sq_posted));
+            self.free_retired_tx();
+        }
         let buf = PinnedBuffer::new(len as usize)?;
         // SAFETY: the buffer is live and owned by self from here on.
         self.tx_mr = unsafe { self.register(buf.as_ptr(), buf.len(), remote_access())? };
         self.tx_buf = Some(buf);
         Ok(())
+    }
+
+    /// Frees the retired TX buffers whose writes have all completed.
+    fn free_retired_tx(&mut self) {
+        let done = self.sq_completed;
+        self.retired_tx.retain(|(_, mr, posted_before)| {
+            if *posted_before > done {
+                return true;
+            }
+            if !mr.is_null() {
+                // SAFETY: every work request that could read this MR has completed.
+                unsafe { (loaded().ibv_dereg_mr)(*mr) };
+            }
+            false
+        });
     }
 
     fn release_tx(&mut self) {
@@ -355,9 +416,13 @@ impl Endpoint {
     }
 
     /// Consumes a pending notification of the completion channel (if any), re-arms
-    /// the CQ and polls it empty, handing each completion that concerns the protocol
-    /// to `f`. Receives are re-posted and send slots recycled here.
-    pub fn poll(&mut self, mut f: impl FnMut(Completion)) -> Result<()> {
+    /// the CQ and polls up to `budget` completions, handing each that concerns the
+    /// protocol to `f`. Receives are re-posted and send slots recycled here. Returns
+    /// whether completions may be left: the channel does not signal those again (it
+    /// signals only new ones), so the caller must come back for them, after the other
+    /// connections had their turn; a peer that sends as fast as it can then gets its
+    /// share of the main thread and no more.
+    pub fn poll(&mut self, budget: usize, mut f: impl FnMut(Completion)) -> Result<bool> {
         let l = loaded();
         let mut ev_cq = std::ptr::null_mut();
         let mut ev_ctx: *mut c_void = std::ptr::null_mut();
@@ -372,19 +437,23 @@ impl Endpoint {
         }
         // SAFETY: all-zero is a valid ibv_wc (plain integers).
         let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
-        loop {
-            // SAFETY: `wcs` has room for 32 entries.
-            let n = unsafe { ibv_poll_cq(self.cq, wcs.len() as i32, wcs.as_mut_ptr()) };
+        let mut left = budget;
+        while left > 0 {
+            let want = left.min(wcs.len());
+            // SAFETY: `wcs` has room for `want` <= 32 entries.
+            let n = unsafe { ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr()) };
             if n < 0 {
                 return Err(VerbsError::with("ibv_poll_cq", libc::EIO));
             }
             for wc in &wcs[..n as usize] {
                 self.complete(wc, &mut f)?;
             }
-            if (n as usize) < wcs.len() {
-                return Ok(());
+            if (n as usize) < want {
+                return Ok(false);
             }
+            left -= n as usize;
         }
+        Ok(true)
     }
 
     fn complete(&mut self, wc: &ibv_wc, f: &mut impl FnMut(Completion)) -> Result<()> {
@@ -409,6 +478,9 @@ impl Endpoint {
             }
             ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
                 self.sq_completed = self.sq_completed.max((wc.wr_id >> WRID_SEQ_SHIFT) + 1);
+                if !self.retired_tx.is_empty() {
+                    self.free_retired_tx();
+                }
                 if wc.wr_id & WRID_CONTROL != 0 {
                     self.free_tx_slots.push((wc.wr_id & WRID_SLOT_MASK) as u16);
                 }
@@ -432,6 +504,11 @@ impl Drop for Endpoint {
         unsafe {
             ManuallyDrop::drop(&mut self.id);
             self.release_tx();
+            for (_, mr, _) in self.retired_tx.drain(..) {
+                if !mr.is_null() {
+                    (l.ibv_dereg_mr)(mr);
+                }
+            }
             for mr in [self.rx_mr, self.ctrl_mr] {
                 if !mr.is_null() {
                     (l.ibv_dereg_mr)(mr);
@@ -469,4 +546,17 @@ fn random_u32() -> u32 {
     x ^= x << 17;
     STATE.store(x, Ordering::Relaxed);
     (x >> 32) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_bytes_counts_every_registered_buffer_in_pages() {
+        // 2048 control slots of 32 bytes, a 1 MiB RX buffer, a 1 MiB TX buffer
+        assert_eq!(pinned_bytes(1 << 20, 1 << 20), 64 * 1024 + 2 * (1 << 20));
+        let page = crate::verbs::resources::page_size() as u64;
+        assert_eq!(pinned_bytes(1, 1), 64 * 1024 + 2 * page);
+    }
 }

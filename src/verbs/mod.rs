@@ -14,7 +14,7 @@ mod endpoint;
 mod resources;
 
 pub use dynlib::{lib, Lib};
-pub use endpoint::{Completion, Endpoint, EndpointConfig, RX_SLOTS};
+pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig};
 pub use resources::{event_name, CmEvent, CmId, EventChannel, PinnedBuffer};
 
 pub use rdma_sys as sys;

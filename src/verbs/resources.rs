@@ -336,10 +336,17 @@ impl PinnedBuffer {
             return Err(VerbsError::last("mmap"));
         }
         // SAFETY: both guard pages lie inside the mapping just made; madvise on it is
-        // advisory (DONTDUMP keeps client data out of core files).
+        // advisory (DONTDUMP keeps client data out of core files). A guard page that
+        // cannot be made is an error (ENOMEM when the process hits vm.max_map_count):
+        // the mapping is undone and nothing is kept.
         unsafe {
-            libc::mprotect(p, page, libc::PROT_NONE);
-            libc::mprotect(p.cast::<u8>().add(page + len).cast(), page, libc::PROT_NONE);
+            if libc::mprotect(p, page, libc::PROT_NONE) != 0
+                || libc::mprotect(p.cast::<u8>().add(page + len).cast(), page, libc::PROT_NONE) != 0
+            {
+                let e = VerbsError::last("mprotect (guard page)");
+                libc::munmap(p, map_len);
+                return Err(e);
+            }
             libc::madvise(p.cast::<u8>().add(page).cast(), len, libc::MADV_DONTDUMP);
         }
         // SAFETY: p is non-null (not MAP_FAILED) and page + len is inside the mapping.

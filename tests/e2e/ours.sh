@@ -264,3 +264,25 @@ case_demo_exit_status() {  # ./runtest-rdma --demo's script: 0 when every step w
     case "$out" in *"demo: FAILED"*) ;; *) fail "no failure line"; return 1 ;; esac
 }
 run_case "ours ./runtest-rdma --demo exits 0 when it worked, 1 when it did not" case_demo_exit_status
+
+case_endpoint_build_fails() {  # a connect request whose buffers cannot be made: rejected at once, nothing kept
+    start_server nomap "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 16777216 || return 1
+    expect_eq "a client before" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    # Cap the server's address space a little above what it maps now: the next client's
+    # 16 MiB RX buffer cannot be mapped (mmap fails with ENOMEM).
+    local vm; vm=$(awk '/^VmSize:/ {print $2}' "/proc/$SERVER_PID/status")
+    prlimit --pid "$SERVER_PID" --as=$(( (vm + 4096) * 1024 )) || { fail "prlimit"; return 1; }
+    local t0 t1 out
+    t0=$(date +%s%N)
+    out=$(timeout 60 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+    t1=$(date +%s%N)
+    echo "# client while the server cannot map buffers, after $(( (t1 - t0) / 1000000 )) ms: $out"
+    grep "refused" "$SERVER_LOG" | sed 's/^/# log: /'
+    [ "$out" != PONG ] || { fail "the client was served"; return 1; }
+    [ $(( (t1 - t0) / 1000000 )) -lt 5000 ] || { fail "the client was not rejected at once (it waited for its timeout)"; return 1; }
+    grep -q "refused: mmap failed" "$SERVER_LOG" || { fail "no log line naming the failed mmap"; return 1; }
+    prlimit --pid "$SERVER_PID" --as=unlimited
+    expect_eq "a client after the limit is lifted" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    server_alive
+}
+run_case "ours a connect request whose buffers cannot be made is rejected at once" case_endpoint_build_fails
