@@ -33,8 +33,10 @@ pub enum ClientError {
     PeerGone,
     /// No answer in time.
     Timeout(&'static str),
-    /// The server broke the protocol.
-    Protocol(String),
+    /// The server broke the Valkey Over RDMA protocol (docs/protocol.md §6).
+    Protocol(Violation),
+    /// The server's bytes are not RESP (what the parser could not read).
+    Resp(String),
     Verbs(VerbsError),
 }
 
@@ -45,7 +47,8 @@ impl std::fmt::Display for ClientError {
             ClientError::Refused(s) => write!(f, "connection refused: {s}"),
             ClientError::PeerGone => write!(f, "the server closed the connection"),
             ClientError::Timeout(what) => write!(f, "timed out waiting for {what}"),
-            ClientError::Protocol(s) => write!(f, "protocol error: {s}"),
+            ClientError::Protocol(v) => write!(f, "protocol error: {v}"),
+            ClientError::Resp(s) => write!(f, "not a RESP reply: {s}"),
             ClientError::Verbs(e) => write!(f, "{e}"),
         }
     }
@@ -193,7 +196,7 @@ impl RdmaStream {
                     match self
                         .session
                         .on_control(&bytes[..(len as usize).min(32)])
-                        .map_err(|v: Violation| ClientError::Protocol(v.to_string()))?
+                        .map_err(ClientError::Protocol)?
                     {
                         SessionEvent::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
                         SessionEvent::ServerFeatures(f) => self.server_features = Some(f),
@@ -202,7 +205,7 @@ impl RdmaStream {
                     }
                 }
                 Completion::Data { imm } => {
-                    self.session.on_data(imm).map_err(|v| ClientError::Protocol(v.to_string()))?
+                    self.session.on_data(imm).map_err(ClientError::Protocol)?
                 }
                 Completion::Failed { .. } => failed = true,
             }
@@ -440,10 +443,10 @@ impl Client {
     pub fn read_reply(&mut self) -> Result<Reply> {
         const READ_AT_MOST: usize = 256 * 1024;
         loop {
-            if let Some(end) = self.scanner.scan(&self.inbuf).map_err(ClientError::Protocol)? {
+            if let Some(end) = self.scanner.scan(&self.inbuf).map_err(ClientError::Resp)? {
                 let (r, used) = resp::parse(&self.inbuf[..end])
-                    .map_err(ClientError::Protocol)?
-                    .ok_or_else(|| ClientError::Protocol("reply ends where the scanner said it would not".into()))?;
+                    .map_err(ClientError::Resp)?
+                    .ok_or_else(|| ClientError::Resp("reply ends where the scanner said it would not".into()))?;
                 self.inbuf.drain(..used);
                 return Ok(r);
             }
