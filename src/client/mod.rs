@@ -193,20 +193,14 @@ impl RdmaStream {
         for c in &completions {
             match *c {
                 Completion::Control { bytes, len } => {
-                    match self
-                        .session
-                        .on_control(&bytes[..(len as usize).min(32)])
-                        .map_err(ClientError::Protocol)?
-                    {
+                    match self.session.on_control(&bytes[..(len as usize).min(32)]).map_err(ClientError::Protocol)? {
                         SessionEvent::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
                         SessionEvent::ServerFeatures(f) => self.server_features = Some(f),
                         SessionEvent::Keepalive => self.keepalives += 1,
                         _ => {}
                     }
                 }
-                Completion::Data { imm } => {
-                    self.session.on_data(imm).map_err(ClientError::Protocol)?
-                }
+                Completion::Data { imm } => self.session.on_data(imm).map_err(ClientError::Protocol)?,
                 Completion::Failed { .. } => failed = true,
             }
         }
