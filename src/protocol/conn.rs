@@ -693,20 +693,29 @@ impl Conn {
         self.wants_pending(sq_room)
     }
 
+    /// What decides the pending question before any handler rule, for both
+    /// [`wants_pending`](Self::wants_pending) and a run's end: a closed connection
+    /// never, completions left by a budgeted poll always, an unaccepted one never.
+    fn pending_decided(&self) -> Option<bool> {
+        if self.state == State::Closed {
+            Some(false)
+        } else if self.completions_left {
+            Some(true)
+        } else if !self.accepted {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
     /// `queue_if_due`: must the connection go on the pending list, outside a run
     /// (after `set_*_handler`, `update_state`, a CM event, the keepalive tick, or any
     /// input made outside a handler)? The server must learn the end (a handler can
     /// run), the read handler has unread bytes, or the write handler is due. Postponed
     /// handlers are not due: `update_state` asks again.
     pub fn wants_pending(&self, sq_room: bool) -> bool {
-        if self.state == State::Closed {
-            return false;
-        }
-        if self.completions_left {
-            return true;
-        }
-        if !self.accepted {
-            return false;
+        if let Some(decided) = self.pending_decided() {
+            return decided;
         }
         if self.terminal_due() {
             return self.terminal_runnable();
@@ -835,14 +844,8 @@ impl Conn {
     ///   no POLLOUT to call it again (the 3 s-per-piece stall);
     /// - completions are left from a poll that stopped at its budget.
     fn pending_after(&self, run: &Run, sq_room: bool) -> bool {
-        if self.state == State::Closed {
-            return false;
-        }
-        if self.completions_left {
-            return true;
-        }
-        if !self.accepted {
-            return false;
+        if let Some(decided) = self.pending_decided() {
+            return decided;
         }
         if self.terminal_due() {
             return run.plan != Plan::Final && self.terminal_runnable();
