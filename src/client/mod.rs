@@ -405,12 +405,19 @@ fn expect_event(ch: &EventChannel, want: u32, deadline: Instant, addr: &SocketAd
 pub struct Client {
     stream: RdmaStream,
     inbuf: Vec<u8>,
+    /// Where each read lands before it joins `inbuf` (allocated once, not per read).
+    chunk: Vec<u8>,
     scanner: resp::FrameScanner,
 }
 
 impl Client {
     pub fn connect(addr: impl ToSocketAddrs, opts: Options) -> Result<Client> {
-        Ok(Client { stream: RdmaStream::connect(addr, &opts)?, inbuf: Vec::new(), scanner: Default::default() })
+        Ok(Client {
+            stream: RdmaStream::connect(addr, &opts)?,
+            inbuf: Vec::new(),
+            chunk: vec![0; 256 * 1024],
+            scanner: Default::default(),
+        })
     }
 
     pub fn stream(&mut self) -> &mut RdmaStream {
@@ -435,7 +442,6 @@ impl Client {
     /// Reads the next reply. The scanner finds its end as bytes arrive; it is parsed
     /// once, when complete (linear in the reply's size, however many windows it spans).
     pub fn read_reply(&mut self) -> Result<Reply> {
-        const READ_AT_MOST: usize = 256 * 1024;
         loop {
             if let Some(end) = self.scanner.scan(&self.inbuf).map_err(ClientError::Resp)? {
                 let (r, used) = resp::parse(&self.inbuf[..end])
@@ -444,11 +450,8 @@ impl Client {
                 self.inbuf.drain(..used);
                 return Ok(r);
             }
-            let have = self.inbuf.len();
-            self.inbuf.resize(have + READ_AT_MOST, 0);
-            let n = self.stream.read(&mut self.inbuf[have..]);
-            self.inbuf.truncate(have + *n.as_ref().unwrap_or(&0));
-            n?;
+            let n = self.stream.read(&mut self.chunk)?;
+            self.inbuf.extend_from_slice(&self.chunk[..n]);
         }
     }
 }
