@@ -153,8 +153,10 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let after = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+    // /proc counts in USER_HZ, which Linux fixes at 100 for user space (sysconf's
+    // _SC_CLK_TCK returns the same constant).
+    const USER_HZ: f64 = 100.0;
+    Some(ticks / USER_HZ)
 }
 
 pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {

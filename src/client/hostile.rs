@@ -16,6 +16,8 @@ pub const CASES: &[(&str, &str)] = &[
     ("imm-overrun", "an RDMA write whose immediate overruns the server's RX buffer"),
     ("flood", "5000 commands, one RDMA write each, beyond the 1024 posted receives"),
     ("no-read", "a 4 KiB RX buffer never re-registered while asking for 10 MB of replies"),
+    ("keepalive-flood", "legal Keepalive messages as fast as the send queue allows, for --hold seconds"),
+    ("empty-write-flood", "RDMA writes with immediate 0 (legal, empty) as fast as possible, for --hold seconds"),
     ("disconnect-mid-write", "half a command, then an orderly disconnect"),
     ("die", "half a command, then the process exits without disconnecting"),
 ];
@@ -50,7 +52,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?
         }
         "imm-overrun" => {
-            let (remote, rkey, len) = (s.session.tx.remote_addr, s.session.tx.rkey, s.session.tx.len());
+            let (remote, rkey, len) = (s.core.tx().remote_addr, s.core.tx().rkey, s.core.tx().len());
             s.endpoint().post_write_imm(0, &[b"*"], 1, remote, rkey, len + 1)?
         }
         "flood" => {
@@ -77,6 +79,29 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             // never read: our 4 KiB RX buffer fills and is never handed back
             std::thread::sleep(hold);
             let _ = s.pump()?;
+            return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
+        }
+        // Fault 1 of the review: the main thread must not stay in one connection's
+        // completion drain while this peer keeps the CQ full; the test checks that
+        // another client is served meanwhile.
+        "keepalive-flood" | "empty-write-flood" => {
+            let until = std::time::Instant::now() + hold;
+            let mut sent = 0u64;
+            while std::time::Instant::now() < until {
+                let posted = if case == "keepalive-flood" {
+                    s.endpoint().post_control(&ControlMessage::Keepalive).is_ok()
+                } else {
+                    let (remote, rkey) = (s.core.tx().remote_addr, s.core.tx().rkey);
+                    s.ep.can_write() && s.endpoint().post_write_imm(0, &[], 0, remote, rkey, 0).is_ok()
+                };
+                if posted {
+                    sent += 1;
+                } else {
+                    s.pump()?; // send completions free the queue
+                }
+            }
+            eprintln!("{case}: {sent} messages in {} s", hold.as_secs());
+            s.settle(Duration::from_millis(200))?;
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
         "disconnect-mid-write" => {

@@ -8,6 +8,8 @@
 //! # Ok::<(), rdma::client::ClientError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod hostile;
 pub mod resp;
@@ -15,11 +17,10 @@ pub mod resp;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{rdma_cm_event_type as ev, rdma_conn_param};
-
+use crate::protocol::conn::{Conn, Failure, ReadError, Received, RxBuffer, State, WriteError};
 use crate::protocol::session::Role;
-use crate::protocol::{ControlMessage, Session, SessionEvent, Violation, DEFAULT_RX_SIZE};
-use crate::verbs::{self, CmId, Completion, Endpoint, EndpointConfig, EventChannel, VerbsError};
+use crate::protocol::{ControlMessage, Violation, DEFAULT_RX_SIZE};
+use crate::verbs::{self, CmId, Completion, ConnParams, Endpoint, EndpointConfig, EventChannel, VerbsError};
 pub use resp::Reply;
 
 /// Errors a user can act on.
@@ -62,6 +63,17 @@ impl From<VerbsError> for ClientError {
     }
 }
 
+impl From<Failure> for ClientError {
+    fn from(f: Failure) -> Self {
+        match f {
+            Failure::Protocol(v) => ClientError::Protocol(v),
+            // a work request failing with the server there: it dropped the connection
+            Failure::WorkRequest { .. } => ClientError::PeerGone,
+            Failure::Local { errno, .. } => ClientError::Verbs(VerbsError::with(verbs::VerbsOp::PostSend, errno)),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 #[derive(Debug, Clone)]
@@ -78,28 +90,25 @@ impl Default for Options {
     }
 }
 
-/// A connected RDMA byte stream to a Valkey server.
+/// The parameters we connect with (as libvalkey: 7 retries, RNR "retry forever").
+const CONNECT_PARAMS: ConnParams = ConnParams { retry_count: 7, rnr_retry_count: 7 };
+
+/// A connected RDMA byte stream to a Valkey server: a verbs endpoint driven by the
+/// same protocol core as the server's connections (`protocol::conn::Conn`, client
+/// role), so both sides share one implementation of windows, hand-backs and the order
+/// of bytes before a disconnect.
 pub struct RdmaStream {
     // Field order is drop order: the endpoint (with its id) before the channel.
     ep: Endpoint,
     channel: EventChannel,
-    pub(crate) session: Session,
+    pub(crate) core: Conn,
     timeout: Duration,
-    gone: bool,
+    /// Reused for each poll of the completion queue.
+    completions: Vec<Completion>,
     /// Features the server reported, once asked.
     pub server_features: Option<u64>,
     /// Keepalive messages received from the server.
     pub keepalives: u64,
-}
-
-fn wait_readable(fds: &[i32], timeout: Duration) -> bool {
-    let mut p: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    // SAFETY: `p` is a live array of pollfd of the length passed.
-    let n = unsafe {
-        libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout.as_millis().min(i32::MAX as u128) as i32)
-    };
-    n > 0
 }
 
 impl RdmaStream {
@@ -114,34 +123,29 @@ impl RdmaStream {
         let id = CmId::new(&channel)?;
         let deadline = Instant::now() + opts.timeout;
         id.resolve_addr(&addr, 2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
-        expect_event(&channel, ev::RDMA_CM_EVENT_ADDR_RESOLVED, deadline, &addr)?;
+        expect_event(&channel, Expect::AddrResolved, deadline, &addr)?;
         id.resolve_route(2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
-        expect_event(&channel, ev::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, &addr)?;
-        let mut ep = Endpoint::new(
+        expect_event(&channel, Expect::RouteResolved, deadline, &addr)?;
+        let ep = Endpoint::new(
             id,
             &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false },
         )?;
-        // SAFETY: all-zero is a valid rdma_conn_param (no private data).
-        let mut param: rdma_conn_param = unsafe { std::mem::zeroed() };
-        param.responder_resources = 1;
-        param.initiator_depth = 1;
-        param.retry_count = 7;
-        param.rnr_retry_count = 7;
-        ep.id().connect(&mut param).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
-        expect_event(&channel, ev::RDMA_CM_EVENT_ESTABLISHED, deadline, &addr)?;
-        let session = Session::new(Role::Client, ep.rx_addr(), ep.rx_len(), ep.rx_key());
-        ep.post_control(&session.register_rx())?;
+        ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
+        expect_event(&channel, Expect::Established, deadline, &addr)?;
+        let core = Conn::new(Role::Client, RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() });
         let mut s = RdmaStream {
             ep,
             channel,
-            session,
+            core,
             timeout: opts.timeout,
-            gone: false,
+            completions: Vec::new(),
             server_features: None,
             keepalives: 0,
         };
+        s.core.on_established(); // queues our RegisterXferMemory (docs/protocol.md §1)
+        s.flush_control()?;
         // Wait for the server's RegisterXferMemory: until then nothing can be written.
-        while s.session.tx.is_empty() {
+        while s.core.tx().is_empty() {
             s.wait(deadline, "the server's RegisterXferMemory")?;
         }
         Ok(s)
@@ -151,60 +155,71 @@ impl RdmaStream {
         self.ep.id().peer_addr()
     }
 
+    /// Posts the control messages the core queued.
+    fn flush_control(&mut self) -> Result<()> {
+        while let Some(msg) = self.core.poll_control() {
+            if let Err(e) = self.ep.post_control(&msg) {
+                let _ = self.core.on_local_error(e.op.name(), e.errno);
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer left, the connection failed, or we closed it.
+    pub fn is_gone(&self) -> bool {
+        !matches!(self.core.state(), State::Accepting | State::Established)
+    }
+
     /// Processes completions and CM events that are already there (no waiting).
     /// Returns whether anything was processed. Public so that a non-blocking driver
     /// (the TCP bridge) can run it when one of [`poll_fds`](Self::poll_fds) wakes.
     ///
     /// Data that arrived before a disconnect stays readable: completions are handled
-    /// before CM events, every successful completion of a batch is handled even when a
-    /// later one failed (flushes after the peer left), and once a CM event says the
-    /// peer is gone the CQ is drained once more, for writes that completed between the
-    /// two looks. Returns `PeerGone` when a work request failed.
+    /// before CM events, and once a CM event says the peer is gone the CQ is drained
+    /// once more, for writes that completed between the two looks; the flush errors
+    /// that follow a disconnect are no failure (the core's rule). Returns the failure
+    /// when the connection failed (a protocol violation, a failed work request).
     pub fn pump(&mut self) -> Result<bool> {
-        let (mut progressed, mut failed) = self.drain_completions()?;
-        let was_gone = self.gone;
+        let mut progressed = self.drain_completions()?;
         while let Some(e) = self.channel.next_event()? {
             progressed = true;
-            if matches!(
-                e.kind(),
-                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
-            ) {
-                self.gone = true;
+            if e.is_disconnect() && self.core.on_disconnected() {
+                self.drain_completions()?;
             }
-        }
-        if self.gone && !was_gone {
-            let (p, f) = self.drain_completions()?;
-            progressed |= p;
-            failed |= f;
-        }
-        if failed {
-            self.gone = true;
-            return Err(ClientError::PeerGone);
         }
         Ok(progressed)
     }
 
-    /// Polls the CQ empty and feeds the session. Returns (anything processed, a work
-    /// request failed).
-    fn drain_completions(&mut self) -> Result<(bool, bool)> {
-        let mut completions = Vec::new();
-        self.ep.poll(usize::MAX, |c| completions.push(c))?;
-        let mut failed = false;
-        for c in &completions {
-            match *c {
-                Completion::Control { bytes, len } => {
-                    match self.session.on_control(&bytes[..(len as usize).min(32)]).map_err(ClientError::Protocol)? {
-                        SessionEvent::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
-                        SessionEvent::ServerFeatures(f) => self.server_features = Some(f),
-                        SessionEvent::Keepalive => self.keepalives += 1,
-                        _ => {}
+    /// Polls the CQ empty and feeds the core. Returns whether anything was processed.
+    fn drain_completions(&mut self) -> Result<bool> {
+        let mut any = false;
+        loop {
+            self.completions.clear();
+            let completions = &mut self.completions;
+            let left = self.ep.poll(1024, |c| completions.push(c))?;
+            any |= !self.completions.is_empty();
+            for i in 0..self.completions.len() {
+                match self.completions[i] {
+                    Completion::Control { bytes, len } => {
+                        match self.core.on_control(&bytes[..(len as usize).min(bytes.len())])? {
+                            Received::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
+                            Received::ServerFeatures(f) => self.server_features = Some(f),
+                            Received::Keepalive => self.keepalives += 1,
+                            _ => {}
+                        }
+                    }
+                    Completion::Data { imm } => self.core.on_data(imm)?,
+                    Completion::Failed { status, vendor_err } => {
+                        self.core.on_work_request_failed(status, vendor_err)?
                     }
                 }
-                Completion::Data { imm } => self.session.on_data(imm).map_err(ClientError::Protocol)?,
-                Completion::Failed { .. } => failed = true,
+            }
+            self.flush_control()?;
+            if !left {
+                return Ok(any);
             }
         }
-        Ok((!completions.is_empty(), failed))
     }
 
     /// The fds a non-blocking driver polls for POLLIN: the completion channel and the
@@ -219,10 +234,7 @@ impl RdmaStream {
     /// full or the peer is gone. A relay reads only this much from its source, so
     /// nothing is buffered beyond the window and backpressure reaches the source.
     pub fn write_room(&self) -> usize {
-        if self.gone || !self.ep.can_write() {
-            return 0;
-        }
-        self.session.tx.available() as usize
+        self.core.write_room(self.ep.can_write())
     }
 
     /// The unread received bytes, after processing what is there (never waits). Empty
@@ -231,55 +243,65 @@ impl RdmaStream {
     /// [`consume`](Self::consume): a relay consumes only what its sink accepted, so the
     /// server's window stays closed while the sink is blocked.
     pub fn peek(&mut self) -> Result<&[u8]> {
-        match self.pump() {
-            Ok(_) | Err(ClientError::PeerGone) => {}
-            Err(e) => return Err(e),
+        self.pump()?;
+        match self.core.readable() {
+            Ok(range) => Ok(&self.ep.rx_bytes()[range]),
+            Err(ReadError::WouldBlock) => Ok(&[]),
+            Err(ReadError::Eof | ReadError::Closed) => Err(ClientError::PeerGone),
+            Err(ReadError::Failed(f)) => Err(f.into()),
         }
-        let range = self.session.rx.readable();
-        if range.is_empty() && self.gone {
-            return Err(ClientError::PeerGone);
-        }
-        Ok(&self.ep.rx_bytes()[range])
     }
 
     /// Marks `n` bytes of what [`peek`](Self::peek) returned as used; when that empties
     /// a full RX buffer it is handed back to the server (RegisterXferMemory), unless
     /// the server is gone.
     pub fn consume(&mut self, n: usize) -> Result<()> {
-        if let Some(msg) = self.session.consume(n) {
-            if !self.gone {
-                self.ep.post_control(&msg)?;
-            }
-        }
-        Ok(())
+        self.core.consume(n);
+        self.flush_control()
     }
 
     /// Copies what was received into `buf` without waiting: `Ok(0)` means nothing now
     /// (the blocking [`read`](Self::read) waits instead). Bytes that arrived before the
     /// peer left are returned first; `PeerGone` comes once none is left.
     pub fn try_read(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let bytes = self.peek()?;
-        let n = bytes.len().min(buf.len());
-        buf[..n].copy_from_slice(&bytes[..n]);
-        self.consume(n)?;
-        Ok(n)
+        self.pump()?;
+        self.read_now(buf).map(|n| n.unwrap_or(0))
+    }
+
+    /// What [`read`](Self::read) returns without waiting: `None` when nothing is there.
+    fn read_now(&mut self, buf: &mut [u8]) -> Result<Option<usize>> {
+        match self.core.read(buf.len()) {
+            Ok(range) => {
+                let n = range.len();
+                buf[..n].copy_from_slice(&self.ep.rx_bytes()[range]);
+                // after the copy: the hand-back lets the server write over these bytes
+                self.flush_control()?;
+                Ok(Some(n))
+            }
+            Err(ReadError::WouldBlock) => Ok(None),
+            Err(ReadError::Eof | ReadError::Closed) => Err(ClientError::PeerGone),
+            Err(ReadError::Failed(f)) => Err(f.into()),
+        }
     }
 
     /// Waits until something happens (a completion or a CM event), then processes it.
     /// Returns at once if something was already there: the caller re-checks its
     /// condition (blocking now would sleep through what just arrived).
     fn wait(&mut self, deadline: Instant, what: &'static str) -> Result<()> {
-        if self.pump()? && !self.gone {
+        if self.pump()? {
             return Ok(());
         }
-        if self.gone {
-            return Err(ClientError::PeerGone);
+        if self.is_gone() {
+            return Err(match self.core.failure() {
+                Some(f) => f.clone().into(),
+                None => ClientError::PeerGone,
+            });
         }
         let now = Instant::now();
         if now >= deadline {
             return Err(ClientError::Timeout(what));
         }
-        wait_readable(&[self.ep.comp_fd(), self.channel.fd()], deadline - now);
+        verbs::wait_readable(&self.poll_fds(), deadline - now);
         self.pump().map(|_| ())
     }
 
@@ -298,40 +320,35 @@ impl RdmaStream {
 
     /// Writes as much as the window takes now (one RDMA_WRITE_WITH_IMM).
     pub fn try_write(&mut self, data: &[u8]) -> Result<usize> {
-        if self.gone {
-            return Err(ClientError::PeerGone);
+        match self.core.write(data.len(), self.ep.can_write()) {
+            Ok(g) => {
+                if let Err(e) = self.ep.post_write(g.offset, &[data], g.len, g.remote_addr, g.rkey) {
+                    let _ = self.core.on_local_error(e.op.name(), e.errno);
+                    return Err(e.into());
+                }
+                Ok(g.len as usize)
+            }
+            Err(WriteError::WouldBlock(_)) => Ok(0),
+            Err(WriteError::PeerClosed | WriteError::Closed) => Err(ClientError::PeerGone),
+            Err(WriteError::Failed(f)) => Err(f.into()),
         }
-        if !self.ep.can_write() {
-            return Ok(0);
-        }
-        let Some((offset, n)) = self.session.tx.reserve(data.len()) else { return Ok(0) };
-        let (addr, rkey) = (self.session.tx.remote_addr, self.session.tx.rkey);
-        self.ep.post_write(offset, &[data], n, addr, rkey)?;
-        Ok(n as usize)
     }
 
     /// Reads what is there, waiting up to the timeout for at least one byte.
     pub fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            let range = self.session.rx.readable();
-            if !range.is_empty() {
-                let n = range.len().min(buf.len());
-                buf[..n].copy_from_slice(&self.ep.rx_bytes()[range.start..range.start + n]);
-                self.consume(n)?;
+            if let Some(n) = self.read_now(buf)? {
                 return Ok(n);
             }
-            match self.wait(deadline, "a reply") {
-                // the last bytes and the disconnect came together: hand out the bytes first
-                Err(ClientError::PeerGone) if self.session.rx.has_unread() => {}
-                r => r?,
-            }
+            self.wait(deadline, "a reply")?;
         }
     }
 
     /// Asks the server for its features (GetServerFeature) and waits for the answer.
     pub fn server_features(&mut self) -> Result<u64> {
-        self.ep.post_control(&ControlMessage::GetServerFeature { select_raw: [0, 0], features: 0 })?;
+        self.core.send_control(ControlMessage::GetServerFeature { select_raw: [0, 0], features: 0 });
+        self.flush_control()?;
         let deadline = Instant::now() + self.timeout;
         self.server_features = None;
         loop {
@@ -345,7 +362,8 @@ impl RdmaStream {
     /// Tells the server which features we want (SetClientFeature); none is defined,
     /// so only 0 is meaningful today.
     pub fn set_client_features(&mut self, features: u64) -> Result<()> {
-        Ok(self.ep.post_control(&ControlMessage::SetClientFeature { select_raw: [0, 0], features })?)
+        self.core.send_control(ControlMessage::SetClientFeature { select_raw: [0, 0], features });
+        self.flush_control()
     }
 
     pub(crate) fn endpoint(&mut self) -> &mut Endpoint {
@@ -363,41 +381,46 @@ impl RdmaStream {
         }
         Ok(())
     }
-
-    pub fn is_gone(&self) -> bool {
-        self.gone
-    }
 }
 
 impl Drop for RdmaStream {
     fn drop(&mut self) {
+        self.core.close();
         self.ep.disconnect();
     }
 }
 
-fn expect_event(ch: &EventChannel, want: u32, deadline: Instant, addr: &SocketAddr) -> Result<()> {
+/// The CM events of connection set-up, in order.
+#[derive(Clone, Copy)]
+enum Expect {
+    AddrResolved,
+    RouteResolved,
+    Established,
+}
+
+fn expect_event(ch: &EventChannel, want: Expect, deadline: Instant, addr: &SocketAddr) -> Result<()> {
     loop {
         if let Some(e) = ch.next_event()? {
-            let (kind, status) = (e.kind(), e.status());
-            drop(e);
-            if kind == want {
+            let ok = match want {
+                Expect::AddrResolved => e.is_addr_resolved(),
+                Expect::RouteResolved => e.is_route_resolved(),
+                Expect::Established => e.is_established(),
+            };
+            if ok {
                 return Ok(());
             }
             return Err(ClientError::Refused(format!(
-                "{addr}: {} (status {status}){}",
-                verbs::event_name(kind),
-                if kind == ev::RDMA_CM_EVENT_ADDR_ERROR || kind == ev::RDMA_CM_EVENT_ROUTE_ERROR {
-                    " - is the address on an RDMA device?"
-                } else {
-                    ""
-                }
+                "{addr}: {} (status {}){}",
+                e.name(),
+                e.status,
+                if e.is_resolve_error() { " - is the address on an RDMA device?" } else { "" }
             )));
         }
         let now = Instant::now();
         if now >= deadline {
             return Err(ClientError::Timeout("the connection to be set up"));
         }
-        wait_readable(&[ch.fd()], deadline - now);
+        verbs::wait_readable(&[ch.fd()], deadline - now);
     }
 }
 

@@ -63,6 +63,32 @@ pub struct ConnListener {
     pub priv_: *mut c_void,
 }
 
+impl ConnListener {
+    /// The bind addresses, as the server configured them (`rdma-bind`).
+    pub(crate) fn bind_names(&self) -> Vec<String> {
+        (0..self.bindaddr_count.max(0) as usize)
+            .map(|i| {
+                // SAFETY: the server keeps `bindaddr_count` valid C strings in `bindaddr`
+                // (or ours, from `use_default_binds`).
+                unsafe { std::ffi::CStr::from_ptr(*self.bindaddr.add(i)) }.to_string_lossy().into_owned()
+            })
+            .collect()
+    }
+
+    /// With an empty `rdma-bind`: the server prints `bindaddr[i]` for every listening
+    /// fd (INFO, logs), so it must name the defaults we listen on, `*` and `-::*`
+    /// (upstream does the same).
+    pub(crate) fn use_default_binds(&mut self) {
+        self.bindaddr = DEFAULT_BINDS.0.as_ptr().cast_mut().cast();
+        self.bindaddr_count = DEFAULT_BINDS.0.len() as c_int;
+    }
+}
+
+struct DefaultBinds([*const c_char; 2]);
+// SAFETY: pointers to immutable static C strings.
+unsafe impl Sync for DefaultBinds {}
+static DEFAULT_BINDS: DefaultBinds = DefaultBinds([c"*".as_ptr(), c"-::*".as_ptr()]);
+
 /// The part of `ConnectionType` that every supported version shares (offsets 0..240),
 /// generic over the two members whose C signature differs: `get_type` (8.1:
 /// `const char *(*)(connection *)`, 9.x: `int (*)(void)`) and `connect` (9.x added

@@ -14,14 +14,16 @@ static LOG_CTX: AtomicPtr<Ctx> = AtomicPtr::new(std::ptr::null_mut());
 
 /// # Safety
 /// `ctx` must be the OnLoad context, after `ValkeyModule_Init` succeeded.
-pub unsafe fn init(ctx: *mut Ctx) -> Result<(), &'static str> {
-    if raw::Export_ValkeyModule_Init(ctx, c"rdma".as_ptr(), 1, raw::VALKEYMODULE_APIVER_1 as c_int)
+pub(super) unsafe fn init(ctx: *mut Ctx) -> Result<(), &'static str> {
+    // SAFETY: per the contract.
+    if unsafe { raw::Export_ValkeyModule_Init(ctx, c"rdma".as_ptr(), 1, raw::VALKEYMODULE_APIVER_1 as c_int) }
         != raw::VALKEYMODULE_OK as c_int
     {
         return Err("ValkeyModule_Init failed (is another module named rdma loaded?)");
     }
-    if let Some(detach) = raw::ValkeyModule_GetDetachedThreadSafeContext {
-        LOG_CTX.store(detach(ctx), Ordering::Release);
+    // SAFETY: the API was just filled in (read once, on the main thread); `ctx` is live.
+    if let Some(detach) = unsafe { raw::ValkeyModule_GetDetachedThreadSafeContext } {
+        LOG_CTX.store(unsafe { detach(ctx) }, Ordering::Release);
     }
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(log::LevelFilter::Trace);
@@ -64,78 +66,114 @@ pub fn server_version() -> i32 {
     unsafe { raw::ValkeyModule_GetServerVersion.map_or(0, |f| f()) }
 }
 
-/// True while the server loads modules from its configuration (`loadmodule`).
-///
-/// # Safety
-/// `ctx` must be a live module context.
-pub unsafe fn at_startup(ctx: *mut Ctx) -> bool {
-    raw::ValkeyModule_GetContextFlags.is_some_and(|f| f(ctx) as u32 & raw::VALKEYMODULE_CTX_FLAGS_SERVER_STARTUP != 0)
+/// The module context of `ValkeyModule_OnLoad` and the module's arguments: what
+/// loading may use, as safe calls. Made only by the OnLoad entry (`module.rs`).
+pub(crate) struct LoadCtx {
+    pub(super) ctx: *mut Ctx,
+    pub(crate) args: Vec<String>,
 }
 
-/// # Safety
-/// `ctx` must be a live module context.
-pub unsafe fn set_module_options(ctx: *mut Ctx, options: u32) {
-    if let Some(f) = raw::ValkeyModule_SetModuleOptions {
-        f(ctx, options as c_int);
+impl LoadCtx {
+    /// True while the server loads modules from its configuration (`loadmodule`).
+    pub(crate) fn at_startup(&self) -> bool {
+        // SAFETY: the OnLoad context is live for the whole load.
+        unsafe {
+            raw::ValkeyModule_GetContextFlags
+                .is_some_and(|f| f(self.ctx) as u32 & raw::VALKEYMODULE_CTX_FLAGS_SERVER_STARTUP != 0)
+        }
+    }
+
+    pub(crate) fn set_module_options(&self, options: u32) {
+        // SAFETY: as above.
+        unsafe {
+            if let Some(f) = raw::ValkeyModule_SetModuleOptions {
+                f(self.ctx, options as c_int);
+            }
+        }
+    }
+
+    /// `CONFIG GET name` → its value.
+    pub(crate) fn config_get(&self, name: &str) -> Option<String> {
+        // SAFETY: as above; on the main thread (OnLoad).
+        unsafe { config_get(self.ctx, name) }
+    }
+
+    /// `CONFIG SET name value`; the server's error text on failure.
+    pub(crate) fn config_set(&self, name: &str, value: &str) -> Result<(), String> {
+        // SAFETY: as above.
+        unsafe { config_set(self.ctx, name, value) }
+    }
+
+    pub(super) fn start_timer(&self, ms: i64, cb: TimerCallback) {
+        // SAFETY: as above.
+        unsafe { start_timer(self.ctx, ms, cb) }
     }
 }
 
-/// `CONFIG GET name` → its value.
-///
 /// # Safety
 /// `ctx` must be a live module context on the main thread.
-pub unsafe fn config_get(ctx: *mut Ctx, name: &str) -> Option<String> {
-    let call = raw::ValkeyModule_Call?;
-    let name = CString::new(name).ok()?;
-    let reply = call(ctx, c"CONFIG".as_ptr(), c"cc".as_ptr(), c"GET".as_ptr(), name.as_ptr());
-    if reply.is_null() {
-        return None;
+unsafe fn config_get(ctx: *mut Ctx, name: &str) -> Option<String> {
+    // SAFETY: per the contract; every reply is freed once.
+    unsafe {
+        let call = raw::ValkeyModule_Call?;
+        let name = CString::new(name).ok()?;
+        let reply = call(ctx, c"CONFIG".as_ptr(), c"cc".as_ptr(), c"GET".as_ptr(), name.as_ptr());
+        if reply.is_null() {
+            return None;
+        }
+        let mut out = None;
+        if raw::ValkeyModule_CallReplyType?(reply) == raw::VALKEYMODULE_REPLY_ARRAY as c_int
+            && raw::ValkeyModule_CallReplyLength?(reply) >= 2
+        {
+            out = reply_string(raw::ValkeyModule_CallReplyArrayElement?(reply, 1));
+        }
+        raw::ValkeyModule_FreeCallReply?(reply);
+        out
     }
-    let mut out = None;
-    if raw::ValkeyModule_CallReplyType?(reply) == raw::VALKEYMODULE_REPLY_ARRAY as c_int
-        && raw::ValkeyModule_CallReplyLength?(reply) >= 2
-    {
-        out = reply_string(raw::ValkeyModule_CallReplyArrayElement?(reply, 1));
-    }
-    raw::ValkeyModule_FreeCallReply?(reply);
-    out
 }
 
-/// `CONFIG SET name value`; the server's error text on failure.
-///
 /// # Safety
 /// `ctx` must be a live module context on the main thread.
-pub unsafe fn config_set(ctx: *mut Ctx, name: &str, value: &str) -> Result<(), String> {
-    let call = raw::ValkeyModule_Call.ok_or("no module API")?;
+unsafe fn config_set(ctx: *mut Ctx, name: &str, value: &str) -> Result<(), String> {
+    // SAFETY: the API table is filled once in OnLoad, before any call here.
+    let call = unsafe { raw::ValkeyModule_Call }.ok_or("no module API")?;
     let (name, value) =
         (CString::new(name).map_err(|e| e.to_string())?, CString::new(value).map_err(|e| e.to_string())?);
-    // "E": return errors as a reply instead of only logging them.
-    let reply = call(ctx, c"CONFIG".as_ptr(), c"cccE".as_ptr(), c"SET".as_ptr(), name.as_ptr(), value.as_ptr());
-    if reply.is_null() {
-        return Err("CONFIG SET was refused".into());
-    }
-    let kind = raw::ValkeyModule_CallReplyType.map_or(-1, |f| f(reply));
-    let text = reply_string(reply).unwrap_or_default();
-    if let Some(free) = raw::ValkeyModule_FreeCallReply {
-        free(reply);
-    }
-    if kind == raw::VALKEYMODULE_REPLY_ERROR as c_int {
-        Err(text)
-    } else {
-        Ok(())
+    // SAFETY: per the contract; the reply is freed once.
+    unsafe {
+        // "E": return errors as a reply instead of only logging them.
+        let reply = call(ctx, c"CONFIG".as_ptr(), c"cccE".as_ptr(), c"SET".as_ptr(), name.as_ptr(), value.as_ptr());
+        if reply.is_null() {
+            return Err("CONFIG SET was refused".into());
+        }
+        let kind = raw::ValkeyModule_CallReplyType.map_or(-1, |f| f(reply));
+        let text = reply_string(reply).unwrap_or_default();
+        if let Some(free) = raw::ValkeyModule_FreeCallReply {
+            free(reply);
+        }
+        if kind == raw::VALKEYMODULE_REPLY_ERROR as c_int {
+            Err(text)
+        } else {
+            Ok(())
+        }
     }
 }
 
+/// # Safety
+/// `reply` must be null or a live call reply.
 unsafe fn reply_string(reply: *mut raw::ValkeyModuleCallReply) -> Option<String> {
     if reply.is_null() {
         return None;
     }
     let mut len = 0usize;
-    let p = raw::ValkeyModule_CallReplyStringPtr?(reply, &mut len);
-    if p.is_null() {
-        return None;
+    // SAFETY: per the contract; the string is `len` bytes owned by the reply.
+    unsafe {
+        let p = raw::ValkeyModule_CallReplyStringPtr?(reply, &mut len);
+        if p.is_null() {
+            return None;
+        }
+        Some(String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len)).into_owned())
     }
-    Some(String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len)).into_owned())
 }
 
 pub type FdCallback = unsafe extern "C" fn(c_int, *mut c_void, c_int);
@@ -144,10 +182,13 @@ pub type FdCallback = unsafe extern "C" fn(c_int, *mut c_void, c_int);
 ///
 /// # Safety
 /// `cb` will be called with `data` until [`unwatch_fd`]: `data` must stay valid so long.
-pub unsafe fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> bool {
-    raw::ValkeyModule_EventLoopAdd.is_some_and(|f| {
-        f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int, Some(cb), data) == raw::VALKEYMODULE_OK as c_int
-    })
+pub(super) unsafe fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> bool {
+    // SAFETY: per the contract; the API table is filled once in OnLoad.
+    unsafe {
+        raw::ValkeyModule_EventLoopAdd.is_some_and(|f| {
+            f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int, Some(cb), data) == raw::VALKEYMODULE_OK as c_int
+        })
+    }
 }
 
 /// Stops watching an fd added with [`watch_fd`] (never a listener fd: the server
@@ -167,8 +208,11 @@ pub type TimerCallback = unsafe extern "C" fn(*mut Ctx, *mut c_void);
 ///
 /// # Safety
 /// `ctx` must be a live module context on the main thread.
-pub unsafe fn start_timer(ctx: *mut Ctx, ms: i64, cb: TimerCallback) {
-    if let Some(f) = raw::ValkeyModule_CreateTimer {
-        f(ctx, ms, Some(cb), std::ptr::null_mut());
+pub(super) unsafe fn start_timer(ctx: *mut Ctx, ms: i64, cb: TimerCallback) {
+    // SAFETY: per the contract (the API table is filled once in OnLoad); no data pointer.
+    unsafe {
+        if let Some(f) = raw::ValkeyModule_CreateTimer {
+            f(ctx, ms, Some(cb), std::ptr::null_mut());
+        }
     }
 }

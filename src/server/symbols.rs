@@ -77,6 +77,20 @@ pub fn event_loop() -> *mut c_void {
     EVENT_LOOP.load(Ordering::Acquire)
 }
 
+/// Stops the server's event loop from watching a listener fd (the server registered
+/// it itself, so the module API's EventLoopDel must not be used). False while the
+/// event loop is not known yet.
+pub(crate) fn unwatch_listener_fd(fd: c_int) -> bool {
+    let el = event_loop();
+    if el.is_null() {
+        return false;
+    }
+    // SAFETY: `el` is server.el (validated in find_event_loop, or handed to the accept
+    // handler by the server); deleting an fd it does not watch is a no-op.
+    unsafe { (get().ae_delete_file_event)(el, fd, super::abi::AE_READABLE) };
+    true
+}
+
 /// Every accept handler call receives `server.el` as its first argument.
 pub fn remember_event_loop(el: *mut c_void) {
     if !el.is_null() {

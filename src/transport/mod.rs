@@ -1,110 +1,202 @@
-//! The server-side transport: one [`RdmaConnection`] per client, the listeners, and
-//! the bookkeeping the server's event loop needs (pending list, keepalive timer).
-//!
-//! Threads: everything runs on the server's main thread except `read`, `write`,
-//! `writev` and `postpone_update_state`, which 9.x also calls from IO threads. The
-//! protocol state and verbs resources of a connection sit behind one mutex; server
-//! callbacks are never invoked while it is held.
+//! The server-side transport, in safe code: one [`RdmaConnection`] per client (a verbs
+//! endpoint driven by the protocol core), the listeners, the live set and the pending
+//! list. The server edge (`crate::server::conntype`) calls it through
+//! [`Transport`]; nothing here touches a raw pointer.
 //!
 //! Following one request: the client's RDMA_WRITE_WITH_IMM lands in our RX buffer →
 //! the completion channel fd becomes readable → [`connection::on_completion_fd`] polls
-//! the CQ (`verbs::Endpoint::poll`) and advances the RX window (`protocol::Session`) →
-//! the server's read handler runs and calls `read` (`conntype::read`), which copies
-//! from the RX buffer → when the buffer is full and consumed a RegisterXferMemory goes
-//! back to the client. A reply goes the other way through `write` into the TX buffer
-//! and out as RDMA_WRITE_WITH_IMM into the client's RX buffer.
+//! the CQ (`verbs::Endpoint::poll`) and feeds the core (`protocol::conn::Conn::on_data`)
+//! → the core schedules the server's read handler (`Conn::next_step`), which calls
+//! `read`, which copies from the RX buffer → when the buffer is full and consumed the
+//! core queues a RegisterXferMemory back to the client. A reply goes the other way
+//! through `write` into the TX buffer and out as RDMA_WRITE_WITH_IMM into the
+//! client's RX buffer.
 
-pub mod connection;
-pub mod conntype;
-pub mod listener;
+#![forbid(unsafe_code)]
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+pub(crate) mod connection;
+pub(crate) mod listener;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_int;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
 
 use crate::config::Settings;
-use crate::server::abi::Abi;
-pub use connection::RdmaConnection;
+use crate::protocol::conn::Postpone;
+use crate::server::abi::ConnListener;
+use crate::server::{Hosted, Transport};
+pub(crate) use connection::RdmaConnection;
+
+/// A connection as the server and we share it.
+pub(crate) type HostedConn = Hosted<RdmaConnection>;
 
 /// Module-wide settings, fixed at load.
-pub struct Global {
-    pub abi: Abi,
-    pub settings: Settings,
+pub(crate) struct Global {
+    pub(crate) settings: Settings,
     /// `max-new-connections-per-cycle`: CM events handled per listener wake-up.
-    pub accepts_per_cycle: usize,
+    pub(crate) accepts_per_cycle: usize,
 }
 
 static GLOBAL: OnceLock<Global> = OnceLock::new();
 
-pub fn init_global(g: Global) {
+pub(crate) fn init_global(g: Global) {
     let _ = GLOBAL.set(g);
 }
 
-pub fn global() -> &'static Global {
+pub(crate) fn global() -> &'static Global {
     GLOBAL.get().expect("set in OnLoad before the connection type is registered")
 }
-
-/// A connection pointer as a set/list key. Only the main thread dereferences it, and
-/// only while the connection is in [`LIVE`].
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct ConnPtr(pub *mut RdmaConnection);
-// SAFETY: the pointer is only a key here; see the type's doc for dereferencing.
-unsafe impl Send for ConnPtr {}
-
-/// Connections not yet closed.
-static LIVE: Mutex<Option<HashSet<ConnPtr>>> = Mutex::new(None);
-/// Connections whose handlers must run from `process_pending_data` (there is no fd
-/// event to drive them: a closed peer, data left unread while postponed, a write
-/// handler installed while the TX window is open). Entries are removed by `close`.
-static PENDING: Mutex<VecDeque<ConnPtr>> = Mutex::new(VecDeque::new());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-pub fn live_insert(c: ConnPtr) {
-    lock(&LIVE).get_or_insert_with(HashSet::new).insert(c);
-}
-/// Returns whether it was live (false on the second `close` of a scheduled close).
-pub fn live_remove(c: ConnPtr) -> bool {
-    lock(&LIVE).as_mut().is_some_and(|s| s.remove(&c))
-}
-pub fn is_live(c: ConnPtr) -> bool {
-    lock(&LIVE).as_ref().is_some_and(|s| s.contains(&c))
-}
-pub fn live_snapshot() -> Vec<ConnPtr> {
-    lock(&LIVE).as_ref().map(|s| s.iter().copied().collect()).unwrap_or_default()
-}
+/// Connections not yet closed, by [`Hosted::key`] (what their fd callback and CM
+/// events carry).
+pub(crate) mod live {
+    use super::*;
 
-pub fn pending_push(c: ConnPtr) {
-    let mut p = lock(&PENDING);
-    if !p.contains(&c) {
-        p.push_back(c);
+    static LIVE: Mutex<Option<HashMap<usize, Arc<HostedConn>>>> = Mutex::new(None);
+
+    pub(crate) fn insert(c: &Arc<HostedConn>) {
+        lock(&LIVE).get_or_insert_with(HashMap::new).insert(c.key(), c.clone());
+    }
+    pub(crate) fn remove(c: &HostedConn) {
+        if let Some(m) = lock(&LIVE).as_mut() {
+            m.remove(&c.key());
+        }
+    }
+    pub(crate) fn get(key: usize) -> Option<Arc<HostedConn>> {
+        lock(&LIVE).as_ref()?.get(&key).cloned()
+    }
+    pub(crate) fn snapshot() -> Vec<Arc<HostedConn>> {
+        lock(&LIVE).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 }
-pub fn pending_remove(c: ConnPtr) {
-    lock(&PENDING).retain(|&x| x != c);
-}
-pub fn pending_pop() -> Option<ConnPtr> {
-    lock(&PENDING).pop_front()
-}
-pub fn pending_len() -> usize {
-    lock(&PENDING).len()
+
+/// Connections whose handlers must run from `process_pending_data` (there is no fd
+/// event to drive them: a closed peer, data left unread while postponed, a write
+/// handler installed while the TX window is open, completions left by the budget).
+pub(crate) mod pending {
+    use super::*;
+
+    static PENDING: Mutex<VecDeque<Arc<HostedConn>>> = Mutex::new(VecDeque::new());
+
+    pub(crate) fn push(c: &Arc<HostedConn>) {
+        let mut p = lock(&PENDING);
+        if !p.iter().any(|x| Arc::ptr_eq(x, c)) {
+            p.push_back(c.clone());
+        }
+    }
+    pub(crate) fn remove(c: &HostedConn) {
+        lock(&PENDING).retain(|x| x.key() != c.key());
+    }
+    pub(crate) fn pop() -> Option<Arc<HostedConn>> {
+        lock(&PENDING).pop_front()
+    }
+    pub(crate) fn len() -> usize {
+        lock(&PENDING).len()
+    }
 }
 
-/// Set in a fork child (BGSAVE, AOF rewrite): verbs objects are not usable there
-/// (their memory is not inherited with `ibv_fork_init`), so every call refuses.
-static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
+/// Per-connection errors are logged at most this many times per second; a hostile
+/// client (or ten thousand failing at once) must not flood the server's log.
+const CONN_LOG_LINES_PER_SEC: u32 = 10;
 
-pub fn in_fork_child() -> bool {
-    IN_FORK_CHILD.load(Ordering::Relaxed)
+struct LogLimit {
+    second: Option<Instant>,
+    lines: u32,
+    suppressed: u64,
+}
+static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit { second: None, lines: 0, suppressed: 0 });
+
+/// Logs a per-connection warning, rate-limited; the next line that gets through says
+/// how many were left out.
+pub(crate) fn log_limited(msg: &str) {
+    let mut l = lock(&LOG_LIMIT);
+    let now = Instant::now();
+    if l.second.is_none_or(|s| now.duration_since(s).as_secs() >= 1) {
+        l.second = Some(now);
+        l.lines = 0;
+    }
+    if l.lines >= CONN_LOG_LINES_PER_SEC {
+        l.suppressed += 1;
+        return;
+    }
+    l.lines += 1;
+    let suppressed = std::mem::take(&mut l.suppressed);
+    drop(l);
+    if suppressed > 0 {
+        log::warn!("{msg} ({suppressed} similar lines suppressed)");
+    } else {
+        log::warn!("{msg}");
+    }
 }
 
-extern "C" fn after_fork_in_child() {
-    IN_FORK_CHILD.store(true, Ordering::Relaxed);
-}
-
-pub fn install_fork_guard() {
-    // SAFETY: registers a handler that only stores an atomic.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+impl Transport for RdmaConnection {
+    fn listen(l: &mut ConnListener) -> bool {
+        listener::listen(l)
+    }
+    fn close_listener(l: &mut ConnListener) {
+        listener::close_listener(l)
+    }
+    fn on_listener_fd(fd: c_int) {
+        listener::on_listener_events(fd)
+    }
+    fn on_watched_fd(key: usize) {
+        if key == listener::CONN_EVENTS_KEY {
+            listener::on_conn_events();
+        } else if let Some(c) = live::get(key) {
+            connection::on_completion_fd(&c);
+        }
+    }
+    fn on_timer() {
+        for c in live::snapshot() {
+            connection::keepalive(&c);
+            connection::queue_if_due(&c);
+        }
+    }
+    fn addrs(c: &HostedConn) -> (Option<SocketAddr>, Option<SocketAddr>) {
+        (c.inner.peer, c.inner.local)
+    }
+    fn shutdown(c: &HostedConn) {
+        c.inner.disconnect()
+    }
+    fn close(c: &Arc<HostedConn>) {
+        connection::close(c)
+    }
+    fn accept(c: &Arc<HostedConn>) -> bool {
+        connection::accept(c)
+    }
+    fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
+        connection::read(c, buf)
+    }
+    fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
+        connection::write(c, parts)
+    }
+    fn handlers_changed(c: &Arc<HostedConn>, read: bool, write: bool, barrier: bool) {
+        connection::set_handlers(c, read, write, barrier)
+    }
+    fn has_pending() -> bool {
+        pending::len() > 0
+    }
+    /// Each queued connection runs at most once per call (one queued again by its own
+    /// handler waits for the next call).
+    fn process_pending() -> usize {
+        let mut processed = 0;
+        for _ in 0..pending::len() {
+            let Some(c) = pending::pop() else { break };
+            connection::run_pending(&c);
+            processed += 1;
+        }
+        processed
+    }
+    fn postpone(c: &HostedConn, mask: Postpone) {
+        connection::postpone(c, mask)
+    }
+    fn update_state(c: &Arc<HostedConn>) {
+        connection::queue_if_due(c)
+    }
 }

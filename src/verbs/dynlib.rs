@@ -10,7 +10,7 @@ macro_rules! function_table {
         /// The exported functions of librdmacm.so.1 and libibverbs.so.1.
         #[allow(non_snake_case)]
         pub struct Lib {
-            $( $( pub $name: unsafe extern "C" fn($($arg),*) -> $ret, )* )*
+            $( $( pub(super) $name: unsafe extern "C" fn($($arg),*) -> $ret, )* )*
         }
 
         impl Lib {
@@ -63,9 +63,7 @@ function_table! {
         fn ibv_dereg_mr(*mut ibv_mr) -> c_int;
         fn ibv_get_cq_event(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
         fn ibv_ack_cq_events(*mut ibv_cq, u32) -> ();
-        fn ibv_query_device(*mut ibv_context, *mut ibv_device_attr) -> c_int;
         fn ibv_fork_init() -> c_int;
-        fn ibv_wc_status_str(ibv_wc_status::Type) -> *const c_char;
     }
 }
 

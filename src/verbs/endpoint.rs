@@ -9,7 +9,7 @@ use std::mem::ManuallyDrop;
 use rdma_sys::*;
 
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
-use super::{Result, VerbsError};
+use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN, MAX_WQE};
 
 /// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
@@ -95,7 +95,7 @@ impl Endpoint {
         };
         let verbs = id.raw().verbs;
         if verbs.is_null() {
-            return Err(refuse(&id, VerbsError::with("rdma_cm id without a device", libc::ENODEV)));
+            return Err(refuse(&id, VerbsError::with(VerbsOp::NoDevice, libc::ENODEV)));
         }
         // The buffers come first, while `id` is still an ordinary owner: a failure here
         // rejects and destroys it (dropped on return) instead of leaking it.
@@ -135,13 +135,13 @@ impl Endpoint {
         unsafe {
             ep.pd = (l.ibv_alloc_pd)(verbs);
             if ep.pd.is_null() {
-                return Err(VerbsError::last("ibv_alloc_pd"));
+                return Err(VerbsError::last(VerbsOp::AllocPd));
             }
             ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
             if ep.comp_channel.is_null() {
-                return Err(VerbsError::last("ibv_create_comp_channel"));
+                return Err(VerbsError::last(VerbsOp::CreateCompChannel));
             }
-            set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with("fcntl(O_NONBLOCK)", e))?;
+            set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
             let vectors = (*verbs).num_comp_vectors.max(1) as u32;
             ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
             ep.cq = (l.ibv_create_cq)(
@@ -152,7 +152,7 @@ impl Endpoint {
                 ep.comp_vector,
             );
             if ep.cq.is_null() {
-                return Err(VerbsError::last("ibv_create_cq"));
+                return Err(VerbsError::last(VerbsOp::CreateCq));
             }
             let mut attr: ibv_qp_init_attr = std::mem::zeroed();
             attr.send_cq = ep.cq;
@@ -163,7 +163,7 @@ impl Endpoint {
             attr.cap.max_send_sge = 1;
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), ep.pd, &mut attr) != 0 {
-                return Err(VerbsError::last("rdma_create_qp"));
+                return Err(VerbsError::last(VerbsOp::CreateQp));
             }
             ep.ctrl_mr = ep.register(
                 ep.ctrl_buf.as_ptr(),
@@ -177,16 +177,19 @@ impl Endpoint {
         }
         // SAFETY: the CQ is live; arm it so the channel fd signals the next completion.
         if unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
-            return Err(VerbsError::last("ibv_req_notify_cq"));
+            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
         }
         Ok(())
     }
 
+    /// # Safety
+    /// `addr..addr + len` must stay mapped until the region is deregistered.
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
-        let mr = (loaded().ibv_reg_mr)(self.pd, addr.cast(), len, access);
+        // SAFETY: per the contract; the protection domain is live.
+        let mr = unsafe { (loaded().ibv_reg_mr)(self.pd, addr.cast(), len, access) };
         if mr.is_null() {
             // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
-            return Err(VerbsError::last("ibv_reg_mr"));
+            return Err(VerbsError::last(VerbsOp::RegMr));
         }
         Ok(mr)
     }
@@ -232,7 +235,7 @@ impl Endpoint {
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call, and the slot
         // memory stays registered until the QP is destroyed.
         if unsafe { ibv_post_recv(self.qp(), &mut wr, &mut bad) } != 0 {
-            return Err(VerbsError::last("ibv_post_recv"));
+            return Err(VerbsError::last(VerbsOp::PostRecv));
         }
         Ok(())
     }
@@ -258,7 +261,7 @@ impl Endpoint {
         // SAFETY: the QP is live; the WR's scatter list points into registered memory
         // that outlives the work request (freed only with the endpoint).
         if unsafe { ibv_post_send(self.qp(), wr, &mut bad) } != 0 {
-            return Err(VerbsError::last("ibv_post_send"));
+            return Err(VerbsError::last(VerbsOp::PostSend));
         }
         self.sq_posted += 1;
         Ok(())
@@ -267,10 +270,9 @@ impl Endpoint {
     /// Sends a control message (IBV_WR_SEND, signalled so the slot comes back).
     pub fn post_control(&mut self, msg: &ControlMessage) -> Result<()> {
         if self.sq_room() == 0 {
-            return Err(VerbsError::with("control send: send queue full", libc::ENOBUFS));
+            return Err(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS));
         }
-        let slot =
-            self.free_tx_slots.pop().ok_or(VerbsError::with("control send: no free slot", libc::ENOBUFS))? as usize;
+        let slot = self.free_tx_slots.pop().ok_or(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS))? as usize;
         let off = (RX_SLOTS + slot) * CONTROL_MESSAGE_LEN;
         // SAFETY: the slot is ours (taken from the free list) until its completion.
         unsafe { self.ctrl_buf.as_mut_slice()[off..off + CONTROL_MESSAGE_LEN].copy_from_slice(&msg.encode()) };
@@ -360,11 +362,11 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let total = len as usize;
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("write before RegisterXferMemory", libc::ENOTCONN))?;
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let mut at = offset as usize;
         let end = at + total;
         if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
-            return Err(VerbsError::with("write past the TX buffer", libc::EINVAL));
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
         // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
         // work request still reads it (the window only reopens after the peer consumed).
@@ -385,7 +387,7 @@ impl Endpoint {
 
     /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
     fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("post before RegisterXferMemory", libc::ENOTCONN))?;
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let mut sge = ibv_sge {
             // SAFETY: callers checked offset + len against the TX buffer.
             addr: unsafe { buf.as_ptr().add(offset as usize) } as u64,
@@ -406,9 +408,9 @@ impl Endpoint {
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
     /// the test peer uses this, to send malformed control messages.
     pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with("send before RegisterXferMemory", libc::ENOTCONN))?;
+        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         if bytes.len() > buf.len() {
-            return Err(VerbsError::with("raw send larger than the TX buffer", libc::EINVAL));
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
         // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
         unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
@@ -433,7 +435,7 @@ impl Endpoint {
         }
         // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
         if unsafe { ibv_req_notify_cq(self.cq, 0) } != 0 {
-            return Err(VerbsError::last("ibv_req_notify_cq"));
+            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
         }
         // SAFETY: all-zero is a valid ibv_wc (plain integers).
         let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
@@ -443,7 +445,7 @@ impl Endpoint {
             // SAFETY: `wcs` has room for `want` <= 32 entries.
             let n = unsafe { ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr()) };
             if n < 0 {
-                return Err(VerbsError::with("ibv_poll_cq", libc::EIO));
+                return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
             }
             for wc in &wcs[..n as usize] {
                 self.complete(wc, &mut f)?;

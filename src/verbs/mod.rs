@@ -12,33 +12,109 @@
 mod dynlib;
 mod endpoint;
 mod resources;
+mod system;
 
 pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig};
-pub use resources::{event_name, CmEvent, CmId, EventChannel, PinnedBuffer};
+pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
+pub use system::{device_count, fork_init, memlock_limit, wait_readable};
 
-pub use rdma_sys as sys;
+/// The verbs or rdma_cm operation that failed, so that callers can tell failures apart
+/// (and give operators the right hint) without comparing strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbsOp {
+    CreateEventChannel,
+    GetCmEvent,
+    CreateId,
+    MigrateId,
+    SetOption,
+    BindAddr,
+    Listen,
+    ResolveAddr,
+    ResolveRoute,
+    Accept,
+    Connect,
+    /// The rdma_cm id has no device yet (an id of a request that is not routed).
+    NoDevice,
+    AllocPd,
+    CreateCompChannel,
+    CreateCq,
+    ReqNotifyCq,
+    CreateQp,
+    RegMr,
+    /// Mapping a pinned buffer.
+    Mmap,
+    /// Making a pinned buffer's guard page.
+    Mprotect,
+    SetNonblocking,
+    PostSend,
+    PostRecv,
+    PollCq,
+    GetCqEvent,
+    /// A control message with the send queue (or its slots) full.
+    ControlQueueFull,
+    /// A write or send before the peer registered its RX buffer.
+    NotRegistered,
+    /// A write that does not fit the TX buffer.
+    TxOverrun,
+}
 
-/// An error from a verbs or rdma_cm call: what failed and the errno it left.
-#[derive(Debug, Clone)]
+impl VerbsOp {
+    /// The library call (or the condition) by its usual name, for log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            VerbsOp::CreateEventChannel => "rdma_create_event_channel",
+            VerbsOp::GetCmEvent => "rdma_get_cm_event",
+            VerbsOp::CreateId => "rdma_create_id",
+            VerbsOp::MigrateId => "rdma_migrate_id",
+            VerbsOp::SetOption => "rdma_set_option",
+            VerbsOp::BindAddr => "rdma_bind_addr",
+            VerbsOp::Listen => "rdma_listen",
+            VerbsOp::ResolveAddr => "rdma_resolve_addr",
+            VerbsOp::ResolveRoute => "rdma_resolve_route",
+            VerbsOp::Accept => "rdma_accept",
+            VerbsOp::Connect => "rdma_connect",
+            VerbsOp::NoDevice => "rdma_cm id without a device",
+            VerbsOp::AllocPd => "ibv_alloc_pd",
+            VerbsOp::CreateCompChannel => "ibv_create_comp_channel",
+            VerbsOp::CreateCq => "ibv_create_cq",
+            VerbsOp::ReqNotifyCq => "ibv_req_notify_cq",
+            VerbsOp::CreateQp => "rdma_create_qp",
+            VerbsOp::RegMr => "ibv_reg_mr",
+            VerbsOp::Mmap => "mmap",
+            VerbsOp::Mprotect => "mprotect (guard page)",
+            VerbsOp::SetNonblocking => "fcntl(O_NONBLOCK)",
+            VerbsOp::PostSend => "ibv_post_send",
+            VerbsOp::PostRecv => "ibv_post_recv",
+            VerbsOp::PollCq => "ibv_poll_cq",
+            VerbsOp::GetCqEvent => "ibv_get_cq_event",
+            VerbsOp::ControlQueueFull => "control send (send queue full)",
+            VerbsOp::NotRegistered => "write before RegisterXferMemory",
+            VerbsOp::TxOverrun => "write past the TX buffer",
+        }
+    }
+}
+
+/// An error from a verbs or rdma_cm call: which operation failed and the errno it left.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerbsError {
-    pub what: &'static str,
+    pub op: VerbsOp,
     pub errno: i32,
 }
 
 impl VerbsError {
     /// Captures `errno` right after a failed call.
-    pub fn last(what: &'static str) -> Self {
-        VerbsError { what, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) }
+    pub fn last(op: VerbsOp) -> Self {
+        VerbsError { op, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0) }
     }
-    pub fn with(what: &'static str, errno: i32) -> Self {
-        VerbsError { what, errno }
+    pub fn with(op: VerbsOp, errno: i32) -> Self {
+        VerbsError { op, errno }
     }
 }
 
 impl std::fmt::Display for VerbsError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed: {}", self.what, std::io::Error::from_raw_os_error(self.errno))
+        write!(f, "{} failed: {}", self.op.name(), std::io::Error::from_raw_os_error(self.errno))
     }
 }
 

@@ -6,15 +6,15 @@ use std::ptr::NonNull;
 
 use rdma_sys::*;
 
-use super::{lib, Lib, Result, VerbsError};
+use super::{lib, Lib, Result, VerbsError, VerbsOp};
 
 /// The loaded libraries. Only called by owners that exist, which proves loading worked.
 pub(super) fn loaded() -> &'static Lib {
     lib().expect("verbs objects exist only after the libraries were loaded")
 }
 
-fn not_loaded(what: &'static str) -> VerbsError {
-    VerbsError::with(what, libc::ELIBACC)
+fn not_loaded(op: VerbsOp) -> VerbsError {
+    VerbsError::with(op, libc::ELIBACC)
 }
 
 /// An rdma_cm event channel: a non-blocking fd that becomes readable when CM events
@@ -28,12 +28,12 @@ unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
     pub fn new() -> Result<Self> {
-        let l = lib().map_err(|_| not_loaded("rdma_create_event_channel"))?;
+        let l = lib().map_err(|_| not_loaded(VerbsOp::CreateEventChannel))?;
         // SAFETY: no arguments; a NULL return is handled.
         let ch = NonNull::new(unsafe { (l.rdma_create_event_channel)() })
-            .ok_or_else(|| VerbsError::last("rdma_create_event_channel"))?;
+            .ok_or_else(|| VerbsError::last(VerbsOp::CreateEventChannel))?;
         let ch = EventChannel(ch);
-        set_nonblocking(ch.fd()).map_err(|e| VerbsError::with("fcntl(O_NONBLOCK)", e))?;
+        set_nonblocking(ch.fd()).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
         Ok(ch)
     }
     pub fn fd(&self) -> i32 {
@@ -43,15 +43,34 @@ impl EventChannel {
     pub fn as_ptr(&self) -> *mut rdma_event_channel {
         self.0.as_ptr()
     }
-    /// The next queued event, or `None` when there is none (EAGAIN).
+    /// The next queued event, already acknowledged, or `None` when there is none
+    /// (EAGAIN). Acking first is what librdmacm needs before an id is migrated, accepted
+    /// or destroyed (those wait for the acks of its events), so callers get plain values.
     pub fn next_event(&self) -> Result<Option<CmEvent>> {
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: the channel is live; `ev` receives an event we must ack (CmEvent does).
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the channel is live; `ev` receives an event that is acked below.
         if unsafe { (loaded().rdma_get_cm_event)(self.as_ptr(), &mut ev) } != 0 {
-            let e = VerbsError::last("rdma_get_cm_event");
+            let e = VerbsError::last(VerbsOp::GetCmEvent);
             return if e.errno == libc::EAGAIN { Ok(None) } else { Err(e) };
         }
-        Ok(NonNull::new(ev).map(CmEvent))
+        let Some(ev) = NonNull::new(ev) else { return Ok(None) };
+        // SAFETY: the event is live until acked; only plain fields are copied, and the
+        // id's user context (set by `CmId::set_context`) is read while the id is live.
+        let out = unsafe {
+            let e = ev.as_ref();
+            let context = if e.id.is_null() { 0 } else { (*e.id).context as usize };
+            let new_id = if e.event == rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+                // A CONNECT_REQUEST's id is new and belongs to whoever receives the
+                // event: dropping it unaccepted rejects the request.
+                NonNull::new(e.id).map(CmId)
+            } else {
+                None
+            };
+            CmEvent { kind: e.event, status: e.status, context, new_id }
+        };
+        // SAFETY: acked exactly once; nothing points into it afterwards.
+        unsafe { (loaded().rdma_ack_cm_event)(ev.as_ptr()) };
+        Ok(Some(out))
     }
 }
 
@@ -63,29 +82,50 @@ impl Drop for EventChannel {
     }
 }
 
-/// A received CM event; acknowledged when dropped. Copy what you need out of it and
-/// drop it before destroying or migrating its id: librdmacm waits for the ack there.
-pub struct CmEvent(NonNull<rdma_cm_event>);
+/// A received (and acknowledged) CM event.
+pub struct CmEvent {
+    pub kind: rdma_cm_event_type::Type,
+    pub status: i32,
+    /// The user context of the event's id ([`CmId::set_context`]); 0 if none was set.
+    pub context: usize,
+    /// For a CONNECT_REQUEST, the new connection's id, now the receiver's to accept or
+    /// drop (which rejects the request).
+    pub new_id: Option<CmId>,
+}
 
 impl CmEvent {
-    pub fn kind(&self) -> rdma_cm_event_type::Type {
-        // SAFETY: the event is live until acked in drop.
-        unsafe { self.0.as_ref().event }
-    }
-    pub fn status(&self) -> i32 {
-        // SAFETY: as above.
-        unsafe { self.0.as_ref().status }
-    }
-    pub fn id(&self) -> *mut rdma_cm_id {
-        // SAFETY: as above.
-        unsafe { self.0.as_ref().id }
-    }
-    pub fn listen_id(&self) -> *mut rdma_cm_id {
-        // SAFETY: as above.
-        unsafe { self.0.as_ref().listen_id }
-    }
     pub fn name(&self) -> String {
-        event_name(self.kind())
+        event_name(self.kind)
+    }
+    pub fn is_addr_resolved(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED
+    }
+    pub fn is_route_resolved(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED
+    }
+    /// The address or route does not resolve (not on an RDMA device?).
+    pub fn is_resolve_error(&self) -> bool {
+        matches!(
+            self.kind,
+            rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR | rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR
+        )
+    }
+    pub fn is_established(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
+    }
+    /// The connection is over for this event's id (docs/protocol.md §1).
+    pub fn is_disconnect(&self) -> bool {
+        use rdma_cm_event_type as ev;
+        matches!(
+            self.kind,
+            ev::RDMA_CM_EVENT_DISCONNECTED
+                | ev::RDMA_CM_EVENT_TIMEWAIT_EXIT
+                | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+                | ev::RDMA_CM_EVENT_CONNECT_ERROR
+                | ev::RDMA_CM_EVENT_UNREACHABLE
+                | ev::RDMA_CM_EVENT_REJECTED
+                | ev::RDMA_CM_EVENT_ADDR_CHANGE
+        )
     }
 }
 
@@ -94,10 +134,25 @@ pub fn event_name(kind: rdma_cm_event_type::Type) -> String {
     unsafe { std::ffi::CStr::from_ptr((loaded().rdma_event_str)(kind)).to_string_lossy().into_owned() }
 }
 
-impl Drop for CmEvent {
-    fn drop(&mut self) {
-        // SAFETY: each event is acked exactly once, here.
-        unsafe { (loaded().rdma_ack_cm_event)(self.0.as_ptr()) };
+/// The connection parameters of `rdma_accept`/`rdma_connect` this project uses: one
+/// outstanding RDMA read each way (we never read), and the retry counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParams {
+    /// Transport retries before a work request fails (7 is the maximum).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries; 7 means "retry forever".
+    pub rnr_retry_count: u8,
+}
+
+impl ConnParams {
+    fn to_raw(self) -> rdma_conn_param {
+        // SAFETY: all-zero is a valid rdma_conn_param (no private data).
+        let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+        p.responder_resources = 1;
+        p.initiator_depth = 1;
+        p.retry_count = self.retry_count;
+        p.rnr_retry_count = self.rnr_retry_count;
+        p
     }
 }
 
@@ -117,33 +172,26 @@ impl CmId {
             (loaded().rdma_create_id)(channel.as_ptr(), &mut id, std::ptr::null_mut(), rdma_port_space::RDMA_PS_TCP)
         };
         if rc != 0 {
-            return Err(VerbsError::last("rdma_create_id"));
+            return Err(VerbsError::last(VerbsOp::CreateId));
         }
-        NonNull::new(id).map(CmId).ok_or_else(|| VerbsError::with("rdma_create_id", libc::EINVAL))
+        NonNull::new(id).map(CmId).ok_or_else(|| VerbsError::with(VerbsOp::CreateId, libc::EINVAL))
     }
-    /// Takes ownership of an id the CM created (the `id` of a CONNECT_REQUEST).
-    ///
-    /// # Safety
-    /// `id` must be a live id that nobody else will destroy.
-    pub unsafe fn from_raw(id: *mut rdma_cm_id) -> Option<Self> {
-        NonNull::new(id).map(CmId)
-    }
-    pub fn as_ptr(&self) -> *mut rdma_cm_id {
+    pub(super) fn as_ptr(&self) -> *mut rdma_cm_id {
         self.0.as_ptr()
     }
-    pub fn raw(&self) -> &rdma_cm_id {
+    pub(super) fn raw(&self) -> &rdma_cm_id {
         // SAFETY: the id is live while self is; rdma_cm only changes it inside calls.
         unsafe { self.0.as_ref() }
     }
-    /// Stores a pointer in the id's user field (returned with its CM events). The
-    /// pointer is never dereferenced here.
-    pub fn set_context(&self, ctx: *mut c_void) {
+    /// Stores a key in the id's user field, returned as [`CmEvent::context`] with its
+    /// CM events. Never dereferenced.
+    pub fn set_context(&self, key: usize) {
         // SAFETY: `context` is the user's field of a live id; librdmacm never reads it.
-        unsafe { (*self.0.as_ptr()).context = ctx }
+        unsafe { (*self.0.as_ptr()).context = key as *mut c_void }
     }
     pub fn migrate(&self, channel: &EventChannel) -> Result<()> {
         // SAFETY: both live; all events of this id were acked before (see CmEvent).
-        check(unsafe { (loaded().rdma_migrate_id)(self.as_ptr(), channel.as_ptr()) }, "rdma_migrate_id")
+        check(unsafe { (loaded().rdma_migrate_id)(self.as_ptr(), channel.as_ptr()) }, VerbsOp::MigrateId)
     }
     pub fn set_afonly(&self) -> Result<()> {
         let mut one: i32 = 1;
@@ -158,37 +206,39 @@ impl CmId {
                     std::mem::size_of::<i32>(),
                 )
             },
-            "rdma_set_option(AFONLY)",
+            VerbsOp::SetOption,
         )
     }
     pub fn bind(&self, addr: &std::net::SocketAddr) -> Result<()> {
         let mut sa = SockAddr::from(addr);
         // SAFETY: `sa` is a valid sockaddr_in/in6 for the call's duration.
-        check(unsafe { (loaded().rdma_bind_addr)(self.as_ptr(), sa.as_mut_ptr()) }, "rdma_bind_addr")
+        check(unsafe { (loaded().rdma_bind_addr)(self.as_ptr(), sa.as_mut_ptr()) }, VerbsOp::BindAddr)
     }
     pub fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: the id is live and bound.
-        check(unsafe { (loaded().rdma_listen)(self.as_ptr(), backlog) }, "rdma_listen")
+        check(unsafe { (loaded().rdma_listen)(self.as_ptr(), backlog) }, VerbsOp::Listen)
     }
     pub fn resolve_addr(&self, dst: &std::net::SocketAddr, timeout_ms: i32) -> Result<()> {
         let mut sa = SockAddr::from(dst);
         // SAFETY: `sa` is valid for the call; a NULL source lets rdma_cm choose.
         check(
             unsafe { (loaded().rdma_resolve_addr)(self.as_ptr(), std::ptr::null_mut(), sa.as_mut_ptr(), timeout_ms) },
-            "rdma_resolve_addr",
+            VerbsOp::ResolveAddr,
         )
     }
     pub fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
         // SAFETY: the id is live with a resolved address.
-        check(unsafe { (loaded().rdma_resolve_route)(self.as_ptr(), timeout_ms) }, "rdma_resolve_route")
+        check(unsafe { (loaded().rdma_resolve_route)(self.as_ptr(), timeout_ms) }, VerbsOp::ResolveRoute)
     }
-    pub fn accept(&self, param: &mut rdma_conn_param) -> Result<()> {
-        // SAFETY: `param` is valid for the call.
-        check(unsafe { (loaded().rdma_accept)(self.as_ptr(), param) }, "rdma_accept")
+    pub fn accept(&self, params: ConnParams) -> Result<()> {
+        let mut p = params.to_raw();
+        // SAFETY: `p` is valid for the call.
+        check(unsafe { (loaded().rdma_accept)(self.as_ptr(), &mut p) }, VerbsOp::Accept)
     }
-    pub fn connect(&self, param: &mut rdma_conn_param) -> Result<()> {
-        // SAFETY: `param` is valid for the call.
-        check(unsafe { (loaded().rdma_connect)(self.as_ptr(), param) }, "rdma_connect")
+    pub fn connect(&self, params: ConnParams) -> Result<()> {
+        let mut p = params.to_raw();
+        // SAFETY: `p` is valid for the call.
+        check(unsafe { (loaded().rdma_connect)(self.as_ptr(), &mut p) }, VerbsOp::Connect)
     }
     pub fn reject(&self) {
         // SAFETY: the id is live; no private data.
@@ -226,11 +276,11 @@ impl Drop for CmId {
 const RDMA_OPTION_LEVEL_ID: i32 = 0;
 const RDMA_OPTION_ID_AFONLY: i32 = 2;
 
-fn check(rc: i32, what: &'static str) -> Result<()> {
+fn check(rc: i32, op: VerbsOp) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(VerbsError::last(what))
+        Err(VerbsError::last(op))
     }
 }
 
@@ -333,7 +383,7 @@ impl PinnedBuffer {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(VerbsError::last("mmap"));
+            return Err(VerbsError::last(VerbsOp::Mmap));
         }
         // SAFETY: both guard pages lie inside the mapping just made; madvise on it is
         // advisory (DONTDUMP keeps client data out of core files). A guard page that
@@ -343,7 +393,7 @@ impl PinnedBuffer {
             if libc::mprotect(p, page, libc::PROT_NONE) != 0
                 || libc::mprotect(p.cast::<u8>().add(page + len).cast(), page, libc::PROT_NONE) != 0
             {
-                let e = VerbsError::last("mprotect (guard page)");
+                let e = VerbsError::last(VerbsOp::Mprotect);
                 libc::munmap(p, map_len);
                 return Err(e);
             }
@@ -355,9 +405,6 @@ impl PinnedBuffer {
     }
     pub fn len(&self) -> usize {
         self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
     pub fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr()
@@ -371,7 +418,8 @@ impl PinnedBuffer {
     /// # Safety
     /// The caller must ensure no other reference covers the bytes it writes.
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len)
+        // SAFETY: `len` bytes at base while self lives; exclusivity is the caller's.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
     }
 }
 

@@ -2,36 +2,6 @@
 # TCP-only clients (valkey-cli, valkey-benchmark without --rdma) through the bridge to a
 # real 9.1.2 valkey-server serving RDMA with librdma.so, on real verbs.
 
-BRIDGE=${BRIDGE:-$PROJECT_ROOT/target/release/valkey-rdma-bridge}
-BRIDGE_PID="" BRIDGE_LOG="" BPORT=""
-
-# start_bridge TO_PORT [bridge args...]: a bridge on 127.0.0.1:$((TO_PORT+2000)) relaying
-# to RDMA_ADDR:TO_PORT; waits for its "listening on" line. Sets BPORT, BRIDGE_PID, BRIDGE_LOG.
-start_bridge() {
-    local to=$1; shift
-    BPORT=$((to + 2000))
-    BRIDGE_LOG="$WORK/bridge-$BPORT.log"
-    "$BRIDGE" --listen "127.0.0.1:$BPORT" --to "$RDMA_ADDR:$to" "$@" > "$WORK/bridge-$BPORT.out" 2> "$BRIDGE_LOG" < /dev/null &
-    BRIDGE_PID=$!
-    local i
-    for i in $(seq 1 100); do
-        if grep -q "^valkey-rdma-bridge: listening on 127.0.0.1:$BPORT, relaying to $RDMA_ADDR:$to over RDMA$" "$WORK/bridge-$BPORT.out"; then
-            return 0
-        fi
-        kill -0 "$BRIDGE_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "the bridge did not come up; stdout/stderr:"; cat "$WORK/bridge-$BPORT.out" "$BRIDGE_LOG"
-    return 1
-}
-
-stop_bridge() {
-    [ -n "$BRIDGE_PID" ] || return 0
-    kill "$BRIDGE_PID" 2>/dev/null
-    wait "$BRIDGE_PID" 2>/dev/null
-    BRIDGE_PID=""
-}
-
 bridge_alive() { [ -n "$BRIDGE_PID" ] && kill -0 "$BRIDGE_PID" 2>/dev/null || fail "the bridge died"; }
 
 # with_bridge FUNCTION [ARGS...]: runs a case, then stops its bridge and shows its log.
@@ -78,8 +48,8 @@ case_bridge_bytes() {  # a 10 MB value and a 20000-element reply through 64 KiB 
     expect_eq "GET through the bridge returns the same bytes" "$got" "$want" || return 1
     direct=$(timeout 120 "$CLI912" -h 127.0.0.1 -p "$PORT" GET bigkey | tr -d '\n' | md5sum | cut -d' ' -f1)
     expect_eq "GET over TCP straight to the server" "$direct" "$want" || return 1
-    # shellcheck disable=SC2046
-    "$CLI912" -h 127.0.0.1 -p "$PORT" RPUSH biglist $(seq -f "element-%05g-$RANDOM$RANDOM" 1 20000) > "$WORK/rpush.out"
+    local elems; readarray -t elems <<< "$(seq -f "element-%05g-$RANDOM$RANDOM" 1 20000)"
+    "$CLI912" -h 127.0.0.1 -p "$PORT" RPUSH biglist "${elems[@]}" > "$WORK/rpush.out"
     expect_eq "RPUSH of 20000 elements over TCP" "$(cat "$WORK/rpush.out")" 20000 || return 1
     direct=$(timeout 60 "$CLI912" -h 127.0.0.1 -p "$PORT" LRANGE biglist 0 -1 | md5sum | cut -d' ' -f1)
     timeout 60 "$CLI912" -h 127.0.0.1 -p "$BPORT" LRANGE biglist 0 -1 > "$WORK/lrange-bridge.out" 2>&1

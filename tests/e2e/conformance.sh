@@ -192,7 +192,6 @@ if [ -n "$REPORT_ONLY" ]; then
     report; exit $?
 fi
 . "$HERE/lib.sh"
-BRIDGE=${BRIDGE:-$PROJECT_ROOT/target/release/valkey-rdma-bridge}
 C_MODULE=$VALKEY_912/src/valkey-rdma.so
 OUT=$WORK/conformance
 mkdir -p "$OUT/logs"
@@ -235,35 +234,14 @@ esac
 # .github/workflows/external.yml): DEBUG, MODULE and protected configs allowed, no saving
 # (lib.sh's start_server adds --save "" --appendonly no --protected-mode no).
 SUITE_SERVER_ARGS=(--enable-protected-configs yes --enable-debug-command yes --enable-module-command yes)
-mode_server_args() {
+mode_server_args() {  # MODE: sets MARGS
     case "$1" in
-        plain) ;;
-        tcp|bridge-ours) echo "--loadmodule $OUR_MODULE --rdma-bind $RDMA_ADDR --rdma-port @PORT@" ;;
-        bridge-c) echo "--loadmodule $C_MODULE --rdma-bind $RDMA_ADDR --rdma-port @PORT@" ;;
+        plain) MARGS=() ;;
+        tcp|bridge-ours) MARGS=(--loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@) ;;
+        bridge-c) MARGS=(--loadmodule "$C_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@) ;;
     esac
 }
 
-BRIDGE_PID=
-start_bridge() {  # LOG: bridge on 127.0.0.1:BPORT to RDMA_ADDR:PORT; sets BPORT
-    BPORT=$((PORT + 2000))
-    "$BRIDGE" --listen "127.0.0.1:$BPORT" --to "$RDMA_ADDR:$PORT" > "$1" 2>&1 < /dev/null &
-    BRIDGE_PID=$!
-    local i
-    for i in $(seq 1 300); do
-        grep -q "valkey-rdma-bridge: listening on" "$1" && return 0
-        kill -0 "$BRIDGE_PID" 2>/dev/null || break
-        sleep 0.2
-    done
-    echo "bridge did not come up:"; tail -n 20 "$1"
-    return 1
-}
-stop_bridge() {
-    [ -n "$BRIDGE_PID" ] || return 0
-    kill "$BRIDGE_PID" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$BRIDGE_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$BRIDGE_PID" 2>/dev/null; wait "$BRIDGE_PID" 2>/dev/null
-    BRIDGE_PID=
-}
 
 printf '%s\n' "${ARGS[@]}" > "$OUT/args"
 printf 'mode\tfile\tok\terr\texc\tskip\tseconds\tnote\n' > "$OUT/results.tsv"
@@ -312,8 +290,8 @@ run_file() {
     mkdir -p "$OUT/logs/$mode"
     log="$OUT/logs/$mode/$tag.log"
     SERVER_DIED=0
-    # shellcheck disable=SC2046
-    if ! start_server "conf-$mode-$tag" "$VALKEY_912/src/valkey-server" "${SUITE_SERVER_ARGS[@]}" $(mode_server_args "$mode") > "$log" 2>&1; then
+    mode_server_args "$mode"
+    if ! start_server "conf-$mode-$tag" "$VALKEY_912/src/valkey-server" "${SUITE_SERVER_ARGS[@]}" "${MARGS[@]}" > "$log" 2>&1; then
         cat "$log"; slog=$SERVER_LOG
         N_OK=0 N_ERR=0 N_SKIP=0 N_EXC=1 NOTE="server did not start"
         printf '%s\t%s\texc\t%s\n' "$mode" "$file" "(server start)" >> "$OUT/tests.tsv"
@@ -321,7 +299,7 @@ run_file() {
     else
         slog=$SERVER_LOG tport=$PORT
         if [[ "$mode" == bridge-* ]]; then
-            if start_bridge "$OUT/logs/$mode/$tag.bridge.log" >> "$log"; then tport=$BPORT; else rc=125; fi
+            if BRIDGE_LOG_FILE="$OUT/logs/$mode/$tag.bridge.log" start_bridge "$PORT" >> "$log"; then tport=$BPORT; else rc=125; fi
         fi
         local margs=()
         # The bridge listens on 127.0.0.1 only: the ipv6-tagged tests (connect to ::1 at

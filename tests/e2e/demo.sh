@@ -39,7 +39,8 @@ step PONG "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING
 step OK "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" SET greeting "hello over RDMA"
 step "hello over RDMA" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" GET greeting
 step "(integer) 1" "$RCLI" -h "$RDMA_ADDR" -p "$PORT" --no-raw INCR visits
-"$CLI912" -p "$PORT" RPUSH demo:list $(seq 1 20000) > /dev/null
+readarray -t ELEMS <<< "$(seq 1 20000)"
+"$CLI912" -p "$PORT" RPUSH demo:list "${ELEMS[@]}" > /dev/null
 step "20000" bash -c "'$RCLI' -h '$RDMA_ADDR' -p '$PORT' LRANGE demo:list 0 -1 | tail -n 1"
 step "name=rdma,bind=$RDMA_ADDR" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" INFO server
 step "Valkey Over RDMA test [OK]" "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4

@@ -1,6 +1,6 @@
 # lib.sh - helpers for the end-to-end suite. Sourced by suite.sh; runs where RDMA is
 # (inside the Soft-RoCE guest, or on a host with an RDMA device). Needs RDMA_ADDR.
-set -u
+set -uo pipefail
 : "${RDMA_ADDR:?RDMA_ADDR must name an address on an RDMA device}"
 . "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../../testbed/env.sh"
 WORK=${E2E_WORK:-$PWD}          # logs and server dirs; writable
@@ -10,7 +10,43 @@ BENCH912="$VALKEY_912/src/valkey-benchmark"
 OUR_MODULE=${OUR_MODULE:-$PROJECT_ROOT/target/release/librdma.so}
 NEXT_PORT=${E2E_BASE_PORT:-6400}
 
+BRIDGE=${BRIDGE:-$PROJECT_ROOT/target/release/valkey-rdma-bridge}
+BRIDGE_PID="" BRIDGE_LOG="" BPORT=""
+
 note() { echo "# $*"; }
+
+# start_bridge TO_PORT [bridge args...]: valkey-rdma-bridge on 127.0.0.1:$((TO_PORT+2000))
+# relaying to RDMA_ADDR:TO_PORT; waits for its "listening on" line (up to 60 s: the
+# TCG guest is slow under load). Its stderr goes to BRIDGE_LOG_FILE (default
+# $WORK/bridge-BPORT.log). Sets BPORT, BRIDGE_PID, BRIDGE_LOG.
+start_bridge() {
+    local to=$1; shift
+    BPORT=$((to + 2000))
+    BRIDGE_LOG=${BRIDGE_LOG_FILE:-$WORK/bridge-$BPORT.log}
+    local out="$BRIDGE_LOG.out"
+    "$BRIDGE" --listen "127.0.0.1:$BPORT" --to "$RDMA_ADDR:$to" "$@" > "$out" 2> "$BRIDGE_LOG" < /dev/null &
+    BRIDGE_PID=$!
+    local i
+    for i in $(seq 1 600); do
+        if grep -q "^valkey-rdma-bridge: listening on 127.0.0.1:$BPORT, relaying to $RDMA_ADDR:$to over RDMA$" "$out"; then
+            return 0
+        fi
+        kill -0 "$BRIDGE_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "the bridge did not come up; stdout/stderr:"; cat "$out" "$BRIDGE_LOG"
+    return 1
+}
+
+# stop_bridge: SIGTERM, then SIGKILL after 5 s.
+stop_bridge() {
+    [ -n "$BRIDGE_PID" ] || return 0
+    kill "$BRIDGE_PID" 2>/dev/null
+    local i
+    for i in $(seq 1 50); do kill -0 "$BRIDGE_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$BRIDGE_PID" 2>/dev/null; wait "$BRIDGE_PID" 2>/dev/null
+    BRIDGE_PID=""
+}
 
 # run_case NAME FUNCTION [ARGS...]: one test; the function's exit status decides.
 run_case() {

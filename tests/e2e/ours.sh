@@ -1,7 +1,7 @@
 # ours.sh - end-to-end cases for our module (sourced by suite.sh --impl ours): the
 # behaviour issue 3 asks for, with real servers, real clients and real verbs.
 
-ours() { echo "--loadmodule $OUR_MODULE"; }
+OURS=(--loadmodule "$OUR_MODULE")
 
 case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vector=
     local tree=$1 out
@@ -9,7 +9,7 @@ case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vec
     expect_eq "rdma-port shows the module argument" "$("$CLI912" -p "$PORT" config get rdma-port | tail -n1)" "$PORT" || return 1
     out=$(timeout 300 "$tree/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
     echo "$out" | tail -n 1
-    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" || return 1
+    [ $rc = 0 ] && [[ $out == *"Valkey Over RDMA test [OK]"* ]] || return 1
     local vectors; vectors=$(sed -n 's/.*(completion vector \([0-9]*\)).*/\1/p' "$SERVER_LOG" | sort | uniq -c | tr -s ' ')
     echo "# completion vectors used (count vector):$vectors"
     expect_eq "every connection on vector 0 (comp-vector=0)" "$(sed -n 's/.*(completion vector \([0-9]*\)).*/\1/p' "$SERVER_LOG" | sort -u)" 0 || return 1
@@ -17,7 +17,7 @@ case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vec
 }
 
 case_default_bind_protected_mode() {  # no rdma-bind: '* -::*' as for TCP; protected mode on; addresses
-    start_server defbind "$VALKEY_912/src/valkey-server" $(ours) --rdma-port @PORT@ --protected-mode yes --loglevel verbose || return 1
+    start_server defbind "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-port @PORT@ --protected-mode yes --loglevel verbose || return 1
     grep "listening on" "$SERVER_LOG" | sed 's/^/# log: /'
     grep -q "listening on 0.0.0.0:$PORT" "$SERVER_LOG" || { fail "not listening on every IPv4 address"; return 1; }
     local info; info=$("$CLI912" -p "$PORT" INFO server | tr -d '\r' | grep '^listener.*rdma'); echo "# $info"
@@ -30,7 +30,7 @@ case_default_bind_protected_mode() {  # no rdma-bind: '* -::*' as for TCP; prote
 }
 
 case_big_values() {  # 10 MB value with a 64 KiB RX buffer: ~160 re-registrations each way
-    start_server big "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 65536 || return 1
+    start_server big "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 65536 || return 1
     head -c 10000000 /dev/urandom | base64 -w0 > "$WORK/big.txt"
     local want got
     want=$(md5sum < "$WORK/big.txt" | cut -d' ' -f1)
@@ -43,7 +43,7 @@ case_big_values() {  # 10 MB value with a 64 KiB RX buffer: ~160 re-registration
 }
 
 case_benchmark_mix() {  # -t set,get,lpush,lrange_100 -P 16: every test reports a rate
-    start_server mix "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server mix "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get,lpush,lrange_100 -P 16 -n 20000 -c 8 -q > "$WORK/mix.log" 2>&1
     local t r ok=0
     for t in SET GET LPUSH "LRANGE_100 (first 100 elements)"; do
@@ -56,14 +56,14 @@ case_benchmark_mix() {  # -t set,get,lpush,lrange_100 -P 16: every test reports 
 }
 
 case_200_connections() {  # 200 concurrent RDMA clients
-    start_server conns "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server conns "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -n 4000 -c 200 -q > "$WORK/c200.log" 2>&1
     local r; r=$(bench_rps "$WORK/c200.log" SET); echo "# SET with 200 clients: ${r:-none} req/s"
     awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' && server_alive
 }
 
 case_client_killed() {  # a client killed mid-stream, and CLIENT KILL of an RDMA client
-    start_server kill "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server kill "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -n 10000000 -c 8 -P 16 -q > /dev/null 2>&1 &
     local bp=$!
     sleep 3; kill -9 $bp; wait $bp 2>/dev/null
@@ -79,7 +79,7 @@ case_client_killed() {  # a client killed mid-stream, and CLIENT KILL of an RDMA
 }
 
 case_bgsave_under_writes() {  # BGSAVE (fork) while RDMA clients write
-    start_server bgsave "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server bgsave "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -r 100000 -n 60000 -c 8 -q > "$WORK/bgsave-bench.log" 2>&1 &
     local bp=$! i
     for i in 1 2 3; do
@@ -94,7 +94,7 @@ case_bgsave_under_writes() {  # BGSAVE (fork) while RDMA clients write
 
 case_io_threads() {  # TREE: io-threads 4 under -c 100 -P 32
     local tree=$1
-    start_server iothreads "$tree/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 4 || return 1
+    start_server iothreads "$tree/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 4 || return 1
     timeout 400 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 40000 -c 100 -P 32 -q > "$WORK/io.log" 2>&1
     local ok=0 t r
     for t in SET GET; do
@@ -105,7 +105,7 @@ case_io_threads() {  # TREE: io-threads 4 under -c 100 -P 32
 }
 
 case_config_set_port() {  # CONFIG SET rdma-port under load; 0 stops listening; from a server started without RDMA
-    start_server cfgset "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" || return 1
+    start_server cfgset "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" || return 1
     expect_eq "started without RDMA" "$("$CLI912" -p "$PORT" config get rdma-port | tail -n1)" 0 || return 1
     local p2=$((PORT + 1000)) p3=$((PORT + 1001))
     expect_eq "CONFIG SET rdma-port on a server started without RDMA" "$("$CLI912" -p "$PORT" config set rdma-port $p2)" OK || return 1
@@ -131,21 +131,21 @@ case_config_set_port() {  # CONFIG SET rdma-port under load; 0 stops listening; 
 
 case_stock_server() {  # SERVER: a stock binary we were not built with serves rdma-test
     local bin=$1 out
-    start_server stock "$bin" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server stock "$bin" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     out=$(timeout 300 "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
     echo "$out" | tail -n 1
-    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+    [ $rc = 0 ] && [[ $out == *"Valkey Over RDMA test [OK]"* ]] && server_alive
 }
 
 case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint, the server lives on
     # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it so the limit applies.
     printf '#!/bin/bash\nulimit -l 512\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock-server"
     chmod +x "$WORK/memlock-server"
-    start_server memlock "$WORK/memlock-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server memlock "$WORK/memlock-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING > /dev/null 2>&1
     grep "ulimit -l" "$SERVER_LOG" | sed 's/^/# log: /'
     grep -q "RDMA: the locked-memory limit (ulimit -l) is 512 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
-    grep "refused" "$SERVER_LOG" | grep -q "ulimit -l" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
+    grep -q "refused.*ulimit -l" "$SERVER_LOG" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
     server_alive
 }
 
@@ -153,7 +153,7 @@ case_no_rdma_cm() {  # RDMA device present but /dev/infiniband/rdma_cm missing: 
     printf '#!/bin/bash\nexec unshare -m bash -c '"'"'mount -t tmpfs tmpfs /dev/infiniband && exec "$0" "$@"'"'"' %s "$@"\n' \
         "$VALKEY_912/src/valkey-server" > "$WORK/no-rdma-cm-server"
     chmod +x "$WORK/no-rdma-cm-server"
-    if start_server nocm "$WORK/no-rdma-cm-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ > /dev/null; then
+    if start_server nocm "$WORK/no-rdma-cm-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ > /dev/null; then
         fail "the server started without /dev/infiniband/rdma_cm"; return 1
     fi
     grep "rdma_ucm" "$SERVER_LOG" | sed 's/^/# log: /'
@@ -184,7 +184,7 @@ server_cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"; }
 
 case_hostile() {  # CASE EXPECTED_OUTCOME: one misbehaving client, then a good one
     local hcase=$1 want=$2 out lines
-    start_server "hostile-$hcase" "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server "hostile-$hcase" "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" 2>&1); local rc=$?
     echo "# hostile $hcase: ${out:-<no output>} (exit $rc)"
     if [ -n "$want" ]; then expect_eq "outcome of $hcase" "$out" "$want" || return 1; fi
@@ -200,7 +200,7 @@ case_hostile() {  # CASE EXPECTED_OUTCOME: one misbehaving client, then a good o
 }
 
 case_hostile_no_read() {  # a client that stops reading its replies: no spinning, others served
-    start_server noread "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server noread "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile no-read --hold 8 > "$WORK/noread.out" 2>&1 &
     local hp=$!
     sleep 3
@@ -215,6 +215,21 @@ case_hostile_no_read() {  # a client that stops reading its replies: no spinning
     server_alive
 }
 
+case_hostile_flood() {  # CASE: legal messages as fast as possible; another client is served meanwhile
+    local hcase=$1
+    start_server "flood-$hcase" "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" --hold 8 > "$WORK/flood.out" 2>&1 &
+    local hp=$! got t0
+    sleep 3
+    t0=$SECONDS
+    got=$(timeout 5 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+    echo "# PING during the flood answered in about $((SECONDS - t0)) s: $got"
+    expect_eq "a well-behaved client is served during the flood" "$got" PONG || { kill $hp 2>/dev/null; return 1; }
+    wait $hp; echo "# hostile $hcase: $(tr '\n' ' ' < "$WORK/flood.out")"
+    grep -q "StillOpen" "$WORK/flood.out" || { fail "legal messages closed the connection"; return 1; }
+    server_alive
+}
+
 run_case "ours hostile: control message of 16 bytes" case_hostile short-control ClosedByServer
 run_case "ours hostile: control message of 64 bytes" case_hostile long-control ClosedByServer
 run_case "ours hostile: unknown opcode" case_hostile unknown-opcode ClosedByServer
@@ -225,10 +240,12 @@ run_case "ours hostile: flood beyond the posted receives" case_hostile flood Sti
 run_case "ours hostile: disconnect mid-write" case_hostile disconnect-mid-write StillOpen
 run_case "ours hostile: die without disconnecting" case_hostile die ""
 run_case "ours hostile: a client that never reads (no spinning)" case_hostile_no_read
+run_case "ours hostile: Keepalive flood (others served)" case_hostile_flood keepalive-flood
+run_case "ours hostile: flood of empty writes (others served)" case_hostile_flood empty-write-flood
 
 case_bench_smoke() {  # valkey-rdma-bench: a run with JSON output, and a small side-by-side comparison
     local b=$PROJECT_ROOT/target/release/valkey-rdma-bench
-    start_server benchsmoke "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    start_server benchsmoke "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 120 "$b" -h "$RDMA_ADDR" -p "$PORT" -c 4 -P 4 -n 4000 -t set,get,incr -q --server-pid "$SERVER_PID" --json "$WORK/run.json" || return 1
     cat "$WORK/run.json"
     grep -Eq '"rps":[1-9]' "$WORK/run.json" && grep -q '"errors":0' "$WORK/run.json" || { fail "no request rate in the JSON"; return 1; }
@@ -243,7 +260,7 @@ run_case "ours valkey-rdma-bench smoke run and comparison" case_bench_smoke
 
 case_client_errors() {  # the client library's errors a user can act on: timeout, peer gone
     local rcli=$PROJECT_ROOT/target/release/valkey-rdma-cli out
-    start_server clierr "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --enable-debug-command yes || return 1
+    start_server clierr "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --enable-debug-command yes || return 1
     out=$(timeout 30 "$rcli" -h "$RDMA_ADDR" -p "$PORT" -t 1 DEBUG SLEEP 4 2>&1); echo "# -t 1 DEBUG SLEEP 4: $out"
     case "$out" in *"timed out waiting for a reply"*) ;; *) fail "no timeout error"; return 1 ;; esac
     sleep 4
@@ -266,7 +283,7 @@ case_demo_exit_status() {  # ./runtest-rdma --demo's script: 0 when every step w
 run_case "ours ./runtest-rdma --demo exits 0 when it worked, 1 when it did not" case_demo_exit_status
 
 case_endpoint_build_fails() {  # a connect request whose buffers cannot be made: rejected at once, nothing kept
-    start_server nomap "$VALKEY_912/src/valkey-server" $(ours) --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 16777216 || return 1
+    start_server nomap "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 16777216 || return 1
     expect_eq "a client before" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
     # Cap the server's address space a little above what it maps now: the next client's
     # 16 MiB RX buffer cannot be mapped (mmap fails with ENOMEM).

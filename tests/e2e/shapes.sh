@@ -39,8 +39,8 @@ same_over_rdma() {
 
 case_reply_shapes() {  # TREE IO_THREADS: multi-block replies, pipelines, CLIENT LIST over RDMA
     local tree=$1 threads=$2
-    # shellcheck disable=SC2046
-    start_server shapes "$tree/src/valkey-server" $(rdma_server_args "$tree") --io-threads "$threads" || return 1
+    rdma_server_args "$tree"
+    start_server shapes "$tree/src/valkey-server" "${SARGS[@]}" --io-threads "$threads" || return 1
     fill_shapes || { fail "could not fill the keys"; return 1; }
     same_over_rdma "LRANGE of 700 x 100 B (75 KB)" LRANGE list:75k 0 -1 || return 1
     same_over_rdma "LRANGE of 40,000 x 100 B (4 MB)" LRANGE list:4m 0 -1 || return 1
@@ -48,8 +48,8 @@ case_reply_shapes() {  # TREE IO_THREADS: multi-block replies, pipelines, CLIENT
     same_over_rdma "HGETALL of 20,000 fields" HGETALL hash:20k || return 1
     same_over_rdma "SMEMBERS of 20,000" SMEMBERS set:20k || return 1
     same_over_rdma "ZRANGE 0 -1 WITHSCORES of 20,000" ZRANGE zset:20k 0 -1 WITHSCORES || return 1
-    # shellcheck disable=SC2046
-    same_over_rdma "MGET of 10,000 keys" MGET $(seq -f 'str:%g' 1 10000) || return 1
+    local keys; readarray -t keys <<< "$(seq -f 'str:%g' 1 10000)"
+    same_over_rdma "MGET of 10,000 keys" MGET "${keys[@]}" || return 1
 
     # a pipeline of 5,000 small replies: ours sends all at once and the replies are
     # compared; valkey-benchmark pipelines 1,000 at a time (valkey-cli --pipe cannot run

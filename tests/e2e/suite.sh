@@ -14,28 +14,29 @@ done
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
 note "impl=$IMPL RDMA_ADDR=$RDMA_ADDR kernel=$(uname -r) devices: $(ls /sys/class/infiniband | tr '\n' ' ')"
 
-# rdma_server_args TREE: how this implementation is loaded into the server of TREE,
-# listening for RDMA on RDMA_ADDR at the same port as TCP (core configs).
+# rdma_server_args TREE: sets SARGS to how this implementation is loaded into the
+# server of TREE, listening for RDMA on RDMA_ADDR at the same port as TCP (core configs).
 rdma_server_args() {
-    if [ "$IMPL" = reference ]; then echo "--loadmodule $1/src/valkey-rdma.so"; else echo "--loadmodule $OUR_MODULE"; fi
-    echo "--rdma-bind $RDMA_ADDR --rdma-port @PORT@"
+    local module=$OUR_MODULE
+    [ "$IMPL" = reference ] && module=$1/src/valkey-rdma.so
+    SARGS=(--loadmodule "$module" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@)
 }
 
 # --- cases shared by both implementations ---
 
 case_rdma_test() {  # TREE: upstream tests/rdma/rdma-test --thread 4 against that server
     local tree=$1 out
-    # shellcheck disable=SC2046
-    start_server rdmatest "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    rdma_server_args "$tree"
+    start_server rdmatest "$tree/src/valkey-server" "${SARGS[@]}" || return 1
     out=$(timeout 300 "$tree/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
     echo "$out" | tail -n 3
-    [ $rc = 0 ] && echo "$out" | grep -qF "Valkey Over RDMA test [OK]" && server_alive
+    [ $rc = 0 ] && [[ $out == *"Valkey Over RDMA test [OK]"* ]] && server_alive
 }
 
 case_cli_ping() {  # TREE: valkey-cli --rdma PING answers PONG, SET/GET round-trips
     local tree=$1 got
-    # shellcheck disable=SC2046
-    start_server cli "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    rdma_server_args "$tree"
+    start_server cli "$tree/src/valkey-server" "${SARGS[@]}" || return 1
     got=$(timeout 30 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
     expect_eq "PING over RDMA" "$got" PONG || return 1
     got=$(timeout 30 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" SET k1 hello-rdma 2>&1)
@@ -48,8 +49,8 @@ case_cli_ping() {  # TREE: valkey-cli --rdma PING answers PONG, SET/GET round-tr
 
 case_benchmark_rdma_and_tcp() {  # TREE: valkey-benchmark -t set,get over RDMA, and over TCP beside it
     local tree=$1 n=${E2E_BENCH_N:-20000} r
-    # shellcheck disable=SC2046
-    start_server bench "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    rdma_server_args "$tree"
+    start_server bench "$tree/src/valkey-server" "${SARGS[@]}" || return 1
     timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n "$n" -c 8 -q > "$WORK/bench-rdma.log" 2>&1
     timeout 300 "$BENCH912" -h "$RDMA_ADDR" -p "$PORT" -t set,get -n "$n" -c 8 -q > "$WORK/bench-tcp.log" 2>&1
     local ok=0
@@ -64,8 +65,8 @@ case_benchmark_rdma_and_tcp() {  # TREE: valkey-benchmark -t set,get over RDMA, 
 
 case_our_client() {  # TREE: our client library and valkey-rdma-cli against this implementation
     local tree=$1 rcli=$PROJECT_ROOT/target/release/valkey-rdma-cli
-    # shellcheck disable=SC2046
-    start_server ourcli "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    rdma_server_args "$tree"
+    start_server ourcli "$tree/src/valkey-server" "${SARGS[@]}" || return 1
     expect_eq "PING" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
     expect_eq "SET" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" SET ck 'x y')" OK || return 1
     expect_eq "GET" "$(timeout 20 "$rcli" -h "$RDMA_ADDR" -p "$PORT" GET ck)" "x y" || return 1
@@ -89,8 +90,8 @@ run_case "$IMPL valkey-9.1.2 our client library and valkey-rdma-cli" case_our_cl
 
 case_control_messages() {  # TREE: GetServerFeature answered, SetClientFeature 0 accepted, Keepalive every 3 s
     local tree=$1 out
-    # shellcheck disable=SC2046
-    start_server probe "$tree/src/valkey-server" $(rdma_server_args "$tree") || return 1
+    rdma_server_args "$tree"
+    start_server probe "$tree/src/valkey-server" "${SARGS[@]}" || return 1
     out=$(timeout 60 "$PROJECT_ROOT/target/release/valkey-rdma-cli" -h "$RDMA_ADDR" -p "$PORT" --probe 7 2>&1); echo "# $out"
     local n; n=$(echo "$out" | sed -n 's/.*keepalives=\([0-9]*\).*/\1/p')
     case "$out" in "features=0 keepalives="*' ping=Status("PONG")') ;; *) fail "unexpected probe result"; return 1 ;; esac

@@ -1,0 +1,205 @@
+//! The server's half of a connection: the C `struct connection` the server holds a
+//! pointer to, kept at offset 0 of [`Hosted`], beside the connection type's own state.
+//!
+//! Ownership (docs/server-abi.md §4.4): a `Hosted` lives in an `Arc`. The server's
+//! pointer is one strong reference, created by [`Hosted::hand_to_server`] and released
+//! by `ct->close` (`conntype.rs`); the connection type's live set, pending list and every
+//! running handler hold their own. A handler that closes its connection therefore
+//! never frees memory under the caller's feet, and nothing outside this file and
+//! `conntype.rs` ever turns the server's pointer back into a reference.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::abi::{ConnHandler, Connection, IOV_MAX};
+
+/// The server's handlers a connection type calls (connection.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServerHandler {
+    /// The handler passed to `ct->accept` (`conn_handler` while it runs).
+    Accept,
+    Read,
+    Write,
+}
+
+/// `conn->state` values (connection.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnState {
+    Accepting,
+    Connected,
+    Closed,
+    Error,
+}
+
+impl ConnState {
+    fn raw(self) -> i32 {
+        use super::abi::*;
+        match self {
+            ConnState::Accepting => CONN_STATE_ACCEPTING,
+            ConnState::Connected => CONN_STATE_CONNECTED,
+            ConnState::Closed => CONN_STATE_CLOSED,
+            ConnState::Error => CONN_STATE_ERROR,
+        }
+    }
+}
+
+/// The server's `struct connection` (first, so that the server's pointer is a pointer
+/// to it) and the connection type's state `T`.
+#[repr(C)]
+pub(crate) struct Hosted<T> {
+    raw: UnsafeCell<Connection>,
+    pub(crate) inner: T,
+}
+
+// SAFETY: the C struct is shared with the server. `state` and `last_errno` are atomics,
+// read and written from any thread. The other fields (handlers, flags, refs,
+// private_data) are written only on the main thread (by the server, e.g.
+// connSetPrivateData, and by the `ct` callbacks the server makes there:
+// set_*_handler, accept, close) and read there; IO threads only call read, write,
+// writev and postpone_update_state, which do not touch them. `T` brings its own
+// synchronisation (hence the bounds).
+unsafe impl<T: Send + Sync> Sync for Hosted<T> {}
+// SAFETY: as above; the struct holds no thread-bound data.
+unsafe impl<T: Send + Sync> Send for Hosted<T> {}
+
+impl<T> Hosted<T> {
+    /// A connection of the registered type in state ACCEPTING whose fd (the
+    /// completion channel) is `fd`.
+    pub(crate) fn new(fd: c_int, inner: T) -> Arc<Self> {
+        Arc::new(Hosted {
+            raw: UnsafeCell::new(Connection {
+                ty: super::conntype::table_ptr(),
+                state: ConnState::Accepting.raw().into(),
+                last_errno: 0.into(),
+                fd,
+                flags: 0,
+                refs: 0,
+                iovcnt: IOV_MAX,
+                private_data: std::ptr::null_mut(),
+                conn_handler: None,
+                write_handler: None,
+                read_handler: None,
+            }),
+            inner,
+        })
+    }
+
+    /// The address the server knows the connection by: a key for lookups (fd
+    /// callbacks, CM events), never dereferenced outside this module.
+    pub(crate) fn key(&self) -> usize {
+        self.raw.get() as usize
+    }
+
+    fn conn(&self) -> &Connection {
+        // SAFETY: see the Sync impl: shared reads of the C struct; its atomics are
+        // read through atomic operations, and the plain fields only on the main thread.
+        unsafe { &*self.raw.get() }
+    }
+
+    pub(crate) fn fd(&self) -> c_int {
+        self.conn().fd
+    }
+
+    /// Publishes the state the server sees, the errno first: a thread that sees ERROR
+    /// also sees why (never "Success").
+    pub(crate) fn publish(&self, state: ConnState, errno: i32) {
+        let c = self.conn();
+        if errno != 0 {
+            c.last_errno.store(errno, Ordering::Release);
+        }
+        c.state.store(state.raw(), Ordering::Release);
+    }
+
+    pub(crate) fn last_errno(&self) -> i32 {
+        self.conn().last_errno.load(Ordering::Acquire)
+    }
+
+    /// Calls the server's handler `which` with this connection, if one is installed
+    /// (main thread). `refs` is raised around it, as connhelpers.h `callHandler` does.
+    /// The handler may call back into the connection type and close the connection:
+    /// the caller holds an `Arc`, so the memory outlives the call.
+    pub(crate) fn call(&self, which: ServerHandler) {
+        let raw = self.raw.get();
+        // SAFETY: main thread (see the Sync impl). The handler pointer was installed by
+        // the server for this connection and is called with the pointer the server
+        // knows it by, which stays valid for the whole call (the caller's Arc).
+        unsafe {
+            let h: ConnHandler = match which {
+                ServerHandler::Accept => (*raw).conn_handler,
+                ServerHandler::Read => (*raw).read_handler,
+                ServerHandler::Write => (*raw).write_handler,
+            };
+            if let Some(h) = h {
+                (*raw).refs += 1;
+                h(raw);
+                (*raw).refs -= 1;
+            }
+        }
+    }
+
+    /// Hands the accepted connection to the server (`acceptCommonHandler`), which
+    /// keeps the pointer, and with it one strong reference, until `ct->close`. The
+    /// server may close it inside; the caller must not assume it is still open.
+    pub(crate) fn hand_to_server(self: Arc<Self>) {
+        let c: *mut Connection = Arc::into_raw(self).cast_mut().cast();
+        let mut ip = [0 as std::ffi::c_char; 64];
+        // SAFETY: `c` is a connection of the registered type, valid until the server's
+        // close releases the reference made here. ClientFlags are zero; `ip` is unused
+        // by the server (docs/server-abi.md §2.2).
+        unsafe { (super::symbols::get().accept_common_handler)(c, 0, 0, ip.as_mut_ptr()) };
+    }
+
+    // ----- for `conntype.rs`: the server's calls ---------------------------------
+
+    /// # Safety
+    /// `c` must be a pointer made by [`hand_to_server`](Self::hand_to_server) whose strong
+    /// reference was not yet released by [`release`](Self::release), for this `T`.
+    pub(super) unsafe fn from_server<'a>(c: *mut Connection) -> &'a Self {
+        // SAFETY: per the contract, `c` points at a live `Hosted<T>` (offset 0).
+        unsafe { &*c.cast::<Self>() }
+    }
+
+    /// A new strong reference, for calls that may run handlers (which may close).
+    ///
+    /// # Safety
+    /// As [`from_server`](Self::from_server).
+    pub(super) unsafe fn arc_from_server(c: *mut Connection) -> Arc<Self> {
+        let p = c.cast::<Self>().cast_const();
+        // SAFETY: `p` came from Arc::into_raw and its reference is still held.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    /// `ct->close`: drops the server's reference.
+    ///
+    /// # Safety
+    /// As [`from_server`](Self::from_server); the server does not use `c` afterwards.
+    pub(super) unsafe fn release(c: *mut Connection) {
+        // SAFETY: gives back the reference made by into_server, once.
+        drop(unsafe { Arc::from_raw(c.cast::<Self>().cast_const()) });
+    }
+
+    /// `set_read_handler` / `set_write_handler` / the handler of `accept` (main thread).
+    pub(super) fn install(&self, which: ServerHandler, h: ConnHandler, barrier: Option<bool>) {
+        let raw = self.raw.get();
+        // SAFETY: main thread, plain fields (see the Sync impl).
+        unsafe {
+            match which {
+                ServerHandler::Accept => (*raw).conn_handler = h,
+                ServerHandler::Read => (*raw).read_handler = h,
+                ServerHandler::Write => (*raw).write_handler = h,
+            }
+            if let Some(b) = barrier {
+                if b {
+                    (*raw).flags |= super::abi::CONN_FLAG_WRITE_BARRIER;
+                } else {
+                    (*raw).flags &= !super::abi::CONN_FLAG_WRITE_BARRIER;
+                }
+            }
+        }
+    }
+}
