@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod config;
+pub mod doctor;
 pub mod protocol;
 pub mod server;
 pub(crate) mod transport;
@@ -77,6 +78,7 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
     }
     server::register::<RdmaConnection>(abi)?;
     server::start_timer::<RdmaConnection>(ctx, protocol::KEEPALIVE_MS as i64);
+    server::register_info::<RdmaConnection>(ctx)?;
     // Module arguments become the core configs, so that CONFIG GET shows what is used
     // and initListeners picks them up. rdma-rx-size and rdma-completion-vector are
     // immutable at run time: those are applied by the module itself.

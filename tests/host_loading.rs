@@ -268,3 +268,32 @@ fn the_client_says_there_is_no_rdma_device() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no RDMA device"), "{err}");
 }
+
+#[test]
+fn the_doctor_says_what_is_missing_and_what_to_do() {
+    // No RDMA device here: every check that is not OK names what to do, and the exit
+    // status says that something failed.
+    let cli = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/valkey-rdma-cli");
+    assert!(cli.exists(), "build it first: cargo build --release");
+    let mut args = vec!["doctor".to_string(), "--bind".into(), "127.0.0.1".into(), "--clients".into(), "100".into()];
+    if let Some(bed) = testbed() {
+        args.push("--server".into());
+        args.push(bed.join("valkey-9.1.2/src/valkey-server").display().to_string());
+    }
+    let out = Command::new(cli).args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("OK   libraries"), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("FAIL devices: no RDMA device found -> ")), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("FAIL rdma_cm: ") && l.contains("modprobe rdma_ucm")), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("FAIL bind 127.0.0.1: ")), "{text}");
+    for l in &lines[..lines.len() - 1] {
+        assert!(l.starts_with("OK   ") || l.contains(" -> "), "a failing check without a fix: {l}");
+    }
+    if testbed().is_some() {
+        assert!(lines.iter().any(|l| l.starts_with("OK   server ") && l.contains("9.1.2")), "{text}");
+    }
+    assert!(lines.last().unwrap().starts_with("doctor: "), "{text}");
+}

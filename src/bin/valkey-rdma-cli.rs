@@ -5,6 +5,7 @@
 //!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS   (features, keepalives)
+//!   valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]
 
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
@@ -16,7 +17,10 @@ fn usage() -> ! {
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
+    eprintln!("       valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]");
     eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
+    eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory for N clients,");
+    eprintln!("          bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
     eprintln!("  --pipeline  read commands from standard input, one per line (words split on spaces),");
@@ -28,7 +32,34 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
+/// `valkey-rdma-cli doctor ...`: every check of `rdma::doctor`, one line each.
+fn doctor(mut args: impl Iterator<Item = String>) -> ! {
+    let mut opts =
+        rdma::doctor::Options { binds: vec![], clients: 1000, rx_size: rdma::protocol::DEFAULT_RX_SIZE, server: None };
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--bind" => opts.binds.push(value().parse().unwrap_or_else(|_| usage())),
+            "--clients" => opts.clients = value().parse().unwrap_or_else(|_| usage()),
+            "--rx-size" => opts.rx_size = value().parse().unwrap_or_else(|_| usage()),
+            "--server" => opts.server = Some(value().into()),
+            _ => usage(),
+        }
+    }
+    let checks = rdma::doctor::run(&opts);
+    for c in &checks {
+        println!("{c}");
+    }
+    let failed = checks.iter().filter(|c| c.status == rdma::doctor::Status::Fail).count();
+    let warned = checks.iter().filter(|c| c.status == rdma::doctor::Status::Warn).count();
+    println!("doctor: {} checks, {failed} failed, {warned} warnings", checks.len());
+    std::process::exit(if failed > 0 { 1 } else { 0 })
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("doctor") {
+        doctor(std::env::args().skip(2));
+    }
     let mut host = "127.0.0.1".to_string();
     let mut port = 6379u16;
     let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);

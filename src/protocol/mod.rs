@@ -46,6 +46,23 @@ pub enum Violation {
     RxOverrun { offset: u32, imm: u32, len: u32 },
 }
 
+impl Violation {
+    /// Every kind, in the order of [`Violation::index`].
+    pub const KINDS: [&'static str; 5] =
+        ["bad_control_length", "unknown_opcode", "unexpected_opcode", "bad_register_length", "rx_overrun"];
+
+    /// The kind's position in [`Violation::KINDS`] (for counters).
+    pub fn index(&self) -> usize {
+        match self {
+            Violation::BadControlLength(_) => 0,
+            Violation::UnknownOpcode(_) => 1,
+            Violation::UnexpectedOpcode(_) => 2,
+            Violation::BadRegisterLength(_) => 3,
+            Violation::RxOverrun { .. } => 4,
+        }
+    }
+}
+
 impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

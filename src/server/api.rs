@@ -202,6 +202,79 @@ pub fn unwatch_fd(fd: c_int) {
     }
 }
 
+/// One field of the module's INFO section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum InfoField {
+    Num(&'static str, u64),
+    /// `name:key=value,key=value` (Valkey's style for counters by kind).
+    Dict(&'static str, Vec<(&'static str, u64)>),
+}
+
+pub(crate) type InfoCtx = raw::ValkeyModuleInfoCtx;
+
+impl LoadCtx {
+    /// `ValkeyModule_RegisterInfoFunc`.
+    pub(super) fn register_info(&self, cb: unsafe extern "C" fn(*mut InfoCtx, c_int)) -> Result<(), String> {
+        // SAFETY: the OnLoad context; the callback lives for the process.
+        let rc = unsafe { raw::ValkeyModule_RegisterInfoFunc.map_or(-1, |f| f(self.ctx, Some(cb))) };
+        if rc == raw::VALKEYMODULE_OK as c_int {
+            Ok(())
+        } else {
+            Err("ValkeyModule_RegisterInfoFunc failed".into())
+        }
+    }
+}
+
+/// Writes the module's INFO section during an info callback.
+pub(crate) struct InfoWriter(*mut InfoCtx);
+
+impl InfoWriter {
+    /// # Safety
+    /// `ctx` must be the context of the running info callback.
+    pub(super) unsafe fn new(ctx: *mut InfoCtx) -> InfoWriter {
+        InfoWriter(ctx)
+    }
+
+    /// Starts the section named after the module (`# rdma`); false when INFO did not
+    /// ask for it.
+    pub(super) fn section(&self) -> bool {
+        // SAFETY: the live info context; a NULL name means the module's own section.
+        unsafe {
+            raw::ValkeyModule_InfoAddSection
+                .is_some_and(|f| f(self.0, std::ptr::null_mut()) == raw::VALKEYMODULE_OK as c_int)
+        }
+    }
+
+    /// One field; the server prefixes its name with `rdma_`.
+    pub(super) fn field(&self, f: &InfoField) {
+        let cstr = |s: &str| CString::new(s).unwrap_or_default();
+        // SAFETY: the live info context; every string is NUL-terminated and outlives the call.
+        unsafe {
+            match f {
+                InfoField::Num(name, v) => {
+                    if let Some(add) = raw::ValkeyModule_InfoAddFieldULongLong {
+                        add(self.0, cstr(name).as_ptr(), *v);
+                    }
+                }
+                InfoField::Dict(name, entries) => {
+                    let (Some(begin), Some(add), Some(end)) = (
+                        raw::ValkeyModule_InfoBeginDictField,
+                        raw::ValkeyModule_InfoAddFieldULongLong,
+                        raw::ValkeyModule_InfoEndDictField,
+                    ) else {
+                        return;
+                    };
+                    begin(self.0, cstr(name).as_ptr());
+                    for (k, v) in entries {
+                        add(self.0, cstr(k).as_ptr(), *v);
+                    }
+                    end(self.0);
+                }
+            }
+        }
+    }
+}
+
 pub type TimerCallback = unsafe extern "C" fn(*mut Ctx, *mut c_void);
 
 /// A one-shot timer in `ms` milliseconds (re-armed by its callback).

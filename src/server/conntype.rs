@@ -54,6 +54,8 @@ pub(crate) trait Transport: Sized + Send + Sync + 'static {
     fn postpone(c: &Hosted<Self>, mask: Postpone);
     /// `update_state`.
     fn update_state(c: &Arc<Hosted<Self>>);
+    /// The fields of the module's INFO section (`INFO rdma`).
+    fn info() -> Vec<api::InfoField>;
 }
 
 /// Runs `f`; a panic is logged and turned into `default`.
@@ -188,6 +190,24 @@ pub(crate) fn watch_fd<T: Transport>(fd: c_int, key: usize) -> bool {
 
 unsafe extern "C" fn watched_fd<T: Transport>(_fd: c_int, data: *mut c_void, _mask: c_int) {
     guard((), || T::on_watched_fd(data as usize))
+}
+
+/// Registers the module's INFO section (`INFO rdma`, also in `INFO modules` and
+/// `INFO everything`); its fields come from [`Transport::info`].
+pub(crate) fn register_info<T: Transport>(ctx: &api::LoadCtx) -> Result<(), String> {
+    ctx.register_info(info::<T>)
+}
+
+unsafe extern "C" fn info<T: Transport>(ictx: *mut api::InfoCtx, _for_crash_report: c_int) {
+    guard((), || {
+        // SAFETY: the server's info context, live for this callback.
+        let w = unsafe { api::InfoWriter::new(ictx) };
+        if w.section() {
+            for f in T::info() {
+                w.field(&f);
+            }
+        }
+    })
 }
 
 /// Starts the module's periodic timer ([`Transport::on_timer`] every `ms`).

@@ -11,5 +11,5 @@ pub(crate) mod host;
 mod module;
 pub(crate) mod symbols;
 
-pub(crate) use conntype::{register, start_timer, watch_fd, Transport};
+pub(crate) use conntype::{register, register_info, start_timer, watch_fd, Transport};
 pub(crate) use host::{ConnState, Hosted, ServerHandler};

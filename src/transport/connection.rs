@@ -9,9 +9,11 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::stats::{self, STATS};
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, Step};
 use crate::protocol::session::Role;
+use crate::protocol::ControlMessage;
 use crate::server::{ConnState, ServerHandler};
 use crate::verbs::{Completion, Endpoint};
 
@@ -46,6 +48,11 @@ impl Inner {
         while let Some(msg) = self.core.poll_control() {
             if let Err(e) = ep.post_control(&msg) {
                 return self.core.on_local_error(e.op.name(), e.errno).err();
+            }
+            match msg {
+                ControlMessage::RegisterXferMemory { .. } => stats::add(&STATS.rx_registrations_sent, 1),
+                ControlMessage::Keepalive => stats::add(&STATS.keepalives_sent, 1),
+                _ => {}
             }
         }
         None
@@ -94,6 +101,11 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
     };
     c.publish(state, inner.core.failure().map_or(0, Failure::errno));
     if let Some(f) = failed {
+        match &f {
+            Failure::Protocol(v) => stats::violation(v),
+            Failure::WorkRequest { .. } => stats::add(&STATS.work_request_errors, 1),
+            Failure::Local { .. } => stats::add(&STATS.local_errors, 1),
+        }
         log_limited(&format!("RDMA client {}: {f}; closing the connection", c.inner.peer_name()));
     }
 }
@@ -110,6 +122,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     // these bytes once it has it (docs/protocol.md §4.3).
     let failed = inner.flush_control();
     publish(c, inner, failed);
+    stats::add(&STATS.bytes_in, range.len() as u64);
     Some(range.len())
 }
 
@@ -126,7 +139,11 @@ pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
         Ok(grant) => {
             let ep = inner.ep.as_mut()?;
             match ep.post_write(grant.offset, parts, grant.len, grant.remote_addr, grant.rkey) {
-                Ok(()) => Some(grant.len as usize),
+                Ok(()) => {
+                    stats::add(&STATS.bytes_out, grant.len.into());
+                    stats::add(&STATS.writes_out, 1);
+                    Some(grant.len as usize)
+                }
                 Err(e) => {
                     let failed = inner.core.on_local_error(e.op.name(), e.errno).err();
                     publish(c, inner, failed);
@@ -148,7 +165,11 @@ pub(crate) fn process_completions(c: &HostedConn) {
     completions.clear();
     let mut failed = None;
     match ep.poll(COMPLETIONS_PER_WAKEUP, |c| completions.push(c)) {
-        Ok(left) => inner.core.set_completions_left(left),
+        Ok(left) => {
+            inner.core.set_completions_left(left);
+            stats::add(&STATS.completions, completions.len() as u64);
+            stats::add(&STATS.budget_hits, left.into());
+        }
         Err(e) => {
             inner.core.set_completions_left(false);
             failed = inner.core.on_local_error(e.op.name(), e.errno).err();
@@ -163,10 +184,19 @@ pub(crate) fn process_completions(c: &HostedConn) {
                     // docs/protocol.md §2: the TX buffer follows the peer's RX buffer.
                     // Writes from the old one may still be in flight: the endpoint keeps
                     // it registered until the send queue has passed them (fault 2).
-                    Ok(Received::PeerRxRegistered { len, resized: true }) => match inner.ep.as_mut() {
-                        Some(ep) => ep.ensure_tx(len).or_else(|e| inner.core.on_local_error(e.op.name(), e.errno)),
-                        None => Ok(()),
-                    },
+                    Ok(Received::PeerRxRegistered { len, resized }) => {
+                        stats::add(&STATS.rx_registrations_received, 1);
+                        match inner.ep.as_mut() {
+                            Some(ep) if resized => {
+                                ep.ensure_tx(len).or_else(|e| inner.core.on_local_error(e.op.name(), e.errno))
+                            }
+                            _ => Ok(()),
+                        }
+                    }
+                    Ok(Received::Keepalive) => {
+                        stats::add(&STATS.keepalives_received, 1);
+                        Ok(())
+                    }
                     Ok(Received::UnsupportedFeatures(f)) => {
                         log::debug!(
                             "RDMA client {}: SetClientFeature {f:#x} is not supported; ignored",
@@ -178,7 +208,10 @@ pub(crate) fn process_completions(c: &HostedConn) {
                     Err(f) => Err(f),
                 }
             }
-            Completion::Data { imm } => inner.core.on_data(imm),
+            Completion::Data { imm } => {
+                stats::add(&STATS.writes_in, 1);
+                inner.core.on_data(imm)
+            }
             Completion::Failed { status, vendor_err } => inner.core.on_work_request_failed(status, vendor_err),
         };
         if let Err(f) = r {
@@ -308,6 +341,7 @@ pub(crate) fn run_pending(c: &Arc<HostedConn>) {
 
 /// The completion channel fired.
 pub(crate) fn on_completion_fd(c: &Arc<HostedConn>) {
+    stats::add(&STATS.wakeups, 1);
     process_completions(c);
     run(c);
 }
@@ -355,6 +389,12 @@ pub(crate) fn teardown(c: &HostedConn) {
 }
 
 /// Points the rdma_cm id's context at the connection, so that its CM events find it.
+/// For INFO: (pinned bytes, the peer's RX window) of a live connection.
+pub(crate) fn footprint(c: &HostedConn) -> (u64, u64) {
+    let g = c.inner.lock();
+    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes()), g.core.tx().len().into())
+}
+
 pub(crate) fn set_cm_context(c: &HostedConn) {
     if let Some(ep) = c.inner.lock().ep.as_ref() {
         ep.id().set_context(c.key());

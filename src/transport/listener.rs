@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::connection::{self, RdmaConnection};
+use super::stats::{self, CmEnd, Rejected, STATS};
 use super::{global, live, lock, HostedConn};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
@@ -70,44 +71,21 @@ fn explain(e: &VerbsError, addr: Option<&SocketAddr>) -> String {
     }
 }
 
-/// Whether the host has any RDMA device; logs why not.
-fn check_devices() -> bool {
-    let n = verbs::device_count();
-    if n == 0 {
-        let in_sysfs: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
-            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
-        if in_sysfs.is_empty() {
-            log::warn!(
-                "RDMA: no RDMA device found: load the driver of your NIC, or create a Soft-RoCE device (rdma link add rxe0 type rxe netdev IFACE), then restart"
-            );
-        } else {
-            log::warn!(
-                "RDMA: the kernel has RDMA devices ({}) but this process cannot open them: /dev/infiniband is missing or not accessible; load the user-space access modules (modprobe ib_uverbs; modprobe rdma_ucm) and check the permissions of /dev/infiniband/*",
-                in_sysfs.join(", ")
-            );
-        }
+/// The start-up checks, the same functions as `valkey-rdma-cli doctor` (so the log and
+/// the doctor say the same): devices must be usable; a locked-memory limit too low for a
+/// handful of clients is worth a warning (the server's maxclients is usually far more
+/// than RDMA clients).
+fn preflight() -> bool {
+    let devices = crate::doctor::devices();
+    if !devices.is_ok() {
+        log::warn!("{}", devices.log_line());
+        return false;
     }
-    n > 0
-}
-
-/// Locked memory one client pins: RX + TX buffers, control slots, guard pages.
-fn pinned_per_client() -> u64 {
-    // upstream clients offer the default RX size, which our TX buffer mirrors
-    verbs::pinned_bytes(global().settings.rx_size, crate::protocol::DEFAULT_RX_SIZE)
-}
-
-fn warn_if_memlock_low() {
-    let Some(limit) = verbs::memlock_limit() else { return };
-    let need = pinned_per_client();
-    if limit < need * 16 {
-        log::warn!(
-            "RDMA: the locked-memory limit (ulimit -l) is {} KiB and each RDMA client pins about {} KiB: without CAP_IPC_LOCK only {} clients fit; raise `ulimit -l` (LimitMEMLOCK= for systemd)",
-            limit / 1024,
-            need / 1024,
-            limit / need
-        );
+    let memlock = crate::doctor::memlock(16, global().settings.rx_size);
+    if !memlock.is_ok() {
+        log::warn!("{}", memlock.log_line());
     }
+    true
 }
 
 /// `ct->listen`. Idempotent: called again for a listener that already listens on the
@@ -133,10 +111,9 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
         }
         close_listener(listener);
     }
-    if verbs::lib().is_err() || !check_devices() {
+    if verbs::lib().is_err() || !preflight() {
         return false;
     }
-    warn_if_memlock_low();
     if let Err(e) = conn_events() {
         log::warn!("{}", explain(&e, None));
         return false;
@@ -171,6 +148,11 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
         reg.insert(ep.channel.fd(), ep);
     }
     true
+}
+
+/// Listening endpoints now (for INFO).
+pub(crate) fn listening_count() -> usize {
+    lock(&LISTENING).as_ref().map_or(0, |r| r.len())
 }
 
 fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
@@ -251,6 +233,7 @@ fn accept_one(id: CmId) {
         Err(e) => return log::warn!("{}", explain(&e, None)),
     };
     if let Err(e) = id.migrate(conn_channel) {
+        stats::rejected(Rejected::Migrate);
         return super::log_limited(&format!("RDMA: client {peer:?} refused: {e}"));
     }
     let g = global();
@@ -259,6 +242,7 @@ fn accept_one(id: CmId) {
     let ep = match Endpoint::new(id, &cfg) {
         Ok(ep) => ep,
         Err(e) => {
+            stats::rejected(Rejected::Resources);
             let hint = if e.op == VerbsOp::RegMr && e.errno == libc::ENOMEM {
                 " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)"
             } else {
@@ -274,11 +258,13 @@ fn accept_one(id: CmId) {
     let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep));
     connection::set_cm_context(&c);
     if let Err(e) = connection::accept_cm(&c, ACCEPT_PARAMS) {
+        stats::rejected(Rejected::Accept);
         super::log_limited(&format!("RDMA: client {} refused: {e}", c.inner.peer_name()));
         connection::teardown(&c);
         return;
     }
     if !crate::server::watch_fd::<RdmaConnection>(fd, c.key()) {
+        stats::rejected(Rejected::Accept);
         super::log_limited(&format!(
             "RDMA: client {} refused: cannot watch its completion channel",
             c.inner.peer_name()
@@ -289,6 +275,7 @@ fn accept_one(id: CmId) {
     // Live from here: close() unwatches the fd. (The callback can only run from the
     // event loop, on this thread, after we return.)
     live::insert(&c);
+    stats::add(&STATS.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());
     // The server takes over (it may close the connection inside).
     c.hand_to_server();
@@ -307,6 +294,7 @@ pub(crate) fn on_conn_events() {
         if event.is_established() {
             connection::on_established(&c);
         } else if event.is_disconnect() {
+            stats::cm_end(if event.is_disconnected() { CmEnd::Disconnected } else { CmEnd::Other });
             connection::on_disconnected(&c);
         }
         connection::queue_if_due(&c);

@@ -16,6 +16,7 @@
 
 pub(crate) mod connection;
 pub(crate) mod listener;
+pub(crate) mod stats;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;
@@ -26,6 +27,7 @@ use std::time::Instant;
 use crate::config::Settings;
 use crate::protocol::conn::Postpone;
 use crate::server::abi::ConnListener;
+use crate::server::api::InfoField;
 use crate::server::{Hosted, Transport};
 pub(crate) use connection::RdmaConnection;
 
@@ -198,5 +200,25 @@ impl Transport for RdmaConnection {
     }
     fn update_state(c: &Arc<HostedConn>) {
         connection::queue_if_due(c)
+    }
+    fn info() -> Vec<InfoField> {
+        let live = live::snapshot();
+        let mut pinned = 0;
+        let mut windows: Option<(u64, u64)> = None;
+        for c in &live {
+            let (p, w) = connection::footprint(c);
+            pinned += p;
+            if w > 0 {
+                windows = Some(windows.map_or((w, w), |(lo, hi)| (lo.min(w), hi.max(w))));
+            }
+        }
+        stats::fields(&stats::Now {
+            listeners: listener::listening_count() as u64,
+            connected: live.len() as u64,
+            pending: pending::len() as u64,
+            pinned_bytes: pinned,
+            rx_size: GLOBAL.get().map_or(0, |g| g.settings.rx_size.into()),
+            peer_windows: windows,
+        })
     }
 }

@@ -194,6 +194,14 @@ impl Endpoint {
         Ok(mr)
     }
 
+    /// Memory this endpoint has registered now (control slots, RX, TX and any retired
+    /// TX buffer still in flight), in bytes.
+    pub fn pinned_bytes(&self) -> u64 {
+        let tx = self.tx_buf.as_ref().map_or(0, |b| b.len());
+        let retired: usize = self.retired_tx.iter().map(|(b, _, _)| b.len()).sum();
+        (self.ctrl_buf.len() + self.rx_buf.len() + tx + retired) as u64
+    }
+
     pub fn id(&self) -> &CmId {
         &self.id
     }

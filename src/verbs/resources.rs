@@ -110,6 +110,10 @@ impl CmEvent {
             rdma_cm_event_type::RDMA_CM_EVENT_ADDR_ERROR | rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_ERROR
         )
     }
+    /// An orderly DISCONNECTED (the other ends of a connection are errors).
+    pub fn is_disconnected(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+    }
     pub fn is_established(&self) -> bool {
         self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
     }

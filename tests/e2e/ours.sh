@@ -129,6 +129,100 @@ case_config_set_port() {  # CONFIG SET rdma-port under load; 0 stops listening; 
     server_alive
 }
 
+# rdma_info FIELD: a field of INFO rdma (asked over TCP), without the rdma_ prefix.
+rdma_info() { "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed -n "s/^rdma_$1://p"; }
+# dict_get DICT KEY: the value of KEY in "k=v,k=v".
+dict_get() { tr ',' '\n' <<< "$1" | sed -n "s/^$2=//p"; }
+
+# rdma_clients_to N SECS: waits until INFO rdma counts N connected clients.
+rdma_clients_to() {
+    local i
+    for i in $(seq 1 $(($2 * 5))); do [ "$(rdma_info connected_clients)" = "$1" ] && return 0; sleep 0.2; done
+    fail "rdma_connected_clients is $(rdma_info connected_clients), not $1, after $2 s"
+}
+
+# expect_moved WHAT BEFORE AFTER DELTA
+expect_moved() { expect_eq "INFO rdma $1 moved by" "$(( $3 - $2 ))" "$4"; }
+
+case_info_counters() {  # INFO rdma: each counter moved by a workload of known size
+    start_server info "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 65536 || return 1
+    local r=(-h "$RDMA_ADDR" -p "$PORT") f
+    "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed 's/^/# /'
+    "$CLI912" -h 127.0.0.1 -p "$PORT" INFO modules | tr -d '\r' | grep -q "^rdma_connected_clients:0$" || { fail "no rdma section in INFO modules"; return 1; }
+    expect_eq "listeners" "$(rdma_info listeners)" 1 || return 1
+    expect_eq "rx_window_bytes" "$(rdma_info rx_window_bytes)" 65536 || return 1
+    expect_eq "connected_clients, none yet" "$(rdma_info connected_clients)" 0 || return 1
+    expect_eq "pinned_bytes, none yet" "$(rdma_info pinned_bytes)" 0 || return 1
+    declare -A b a
+    local fields=(total_connections_received total_net_input_bytes total_net_output_bytes total_rdma_writes_in
+        total_rdma_writes_out rx_registrations_sent rx_registrations_received keepalives_sent keepalives_received)
+    for f in "${fields[@]}"; do b[$f]=$(rdma_info "$f"); done
+    b[disc]=$(dict_get "$(rdma_info cm_disconnects)" disconnected)
+    # three connections, one PING each through our client: 14 bytes in, 7 out, one RDMA write each way
+    for _ in 1 2 3; do expect_eq PING "$(timeout 20 "$RDMA_CLI" "${r[@]}" PING)" PONG || return 1; done
+    # one SET whose command is N bytes: floor(N / 65536) hand-backs of the full RX buffer
+    head -c 200000 /dev/zero | tr '\0' v > "$WORK/info-value.txt"
+    local n; n=$(printf '*3\r\n$3\r\nSET\r\n$1\r\nv\r\n$200000\r\n%s\r\n' "$(cat "$WORK/info-value.txt")" | wc -c)
+    expect_eq SET "$(timeout 20 "$RDMA_CLI" "${r[@]}" -x SET v < "$WORK/info-value.txt")" OK || return 1
+    rdma_clients_to 0 10 || return 1
+    for f in "${fields[@]}"; do a[$f]=$(rdma_info "$f"); done
+    a[disc]=$(dict_get "$(rdma_info cm_disconnects)" disconnected)
+    expect_moved total_connections_received "${b[total_connections_received]}" "${a[total_connections_received]}" 4 || return 1
+    expect_moved total_net_input_bytes "${b[total_net_input_bytes]}" "${a[total_net_input_bytes]}" $((3 * 14 + n)) || return 1
+    expect_moved total_net_output_bytes "${b[total_net_output_bytes]}" "${a[total_net_output_bytes]}" $((3 * 7 + 5)) || return 1
+    expect_moved total_rdma_writes_out "${b[total_rdma_writes_out]}" "${a[total_rdma_writes_out]}" 4 || return 1
+    expect_moved rx_registrations_sent "${b[rx_registrations_sent]}" "${a[rx_registrations_sent]}" $((4 + n / 65536)) || return 1
+    expect_moved rx_registrations_received "${b[rx_registrations_received]}" "${a[rx_registrations_received]}" 4 || return 1
+    expect_moved "cm_disconnects disconnected" "${b[disc]}" "${a[disc]}" 4 || return 1
+    [ $(( a[total_rdma_writes_in] - b[total_rdma_writes_in] )) -ge $((3 + (n + 65535) / 65536)) ] || { fail "total_rdma_writes_in moved too little"; return 1; }
+    # an idle connection: its pinned memory (control slots 64 KiB + RX 64 KiB + TX the size of
+    # the client's 1 MiB RX buffer) and its window; the Keepalives it receives are counted
+    b[keepalives_sent]=$(rdma_info keepalives_sent)
+    timeout 30 "$RDMA_CLI" "${r[@]}" --probe 4 > "$WORK/info-probe.out" 2>&1 &
+    local pp=$!
+    sleep 2
+    expect_eq "connected_clients, one idle" "$(rdma_info connected_clients)" 1 || return 1
+    expect_eq "pinned_bytes of one idle connection" "$(rdma_info pinned_bytes)" $((65536 + 65536 + 1048576)) || return 1
+    expect_eq "peer_rx_window_max_bytes" "$(rdma_info peer_rx_window_max_bytes)" 1048576 || return 1
+    wait $pp; cat "$WORK/info-probe.out"
+    local got; got=$(sed -n 's/.*keepalives=\([0-9]*\).*/\1/p' "$WORK/info-probe.out")
+    local sent=$(( $(rdma_info keepalives_sent) - b[keepalives_sent] ))
+    echo "# Keepalives: the probe received $got, the server counts $sent sent"
+    [ "$sent" -ge "${got:-0}" ] && [ "$sent" -le $(( ${got:-0} + 1 )) ] && [ "${got:-0}" -ge 1 ] || { fail "keepalives_sent $sent, received by the probe $got"; return 1; }
+    # Keepalives received: a client sends them as fast as it can for 2 s
+    b[keepalives_received]=$(rdma_info keepalives_received)
+    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile keepalive-flood --hold 2 > "$WORK/info-flood.out" 2>&1
+    cat "$WORK/info-flood.out"
+    local flood; flood=$(sed -n 's/^keepalive-flood: \([0-9]*\) messages.*/\1/p' "$WORK/info-flood.out")
+    rdma_clients_to 0 10 || return 1
+    expect_moved keepalives_received "${b[keepalives_received]}" "$(rdma_info keepalives_received)" "${flood:-none}" || return 1
+    # protocol violations by kind
+    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile short-control > /dev/null 2>&1
+    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile imm-overrun > /dev/null 2>&1
+    expect_eq "protocol_violations" "$(rdma_info protocol_violations)" \
+        "bad_control_length=1,unknown_opcode=0,unexpected_opcode=0,bad_register_length=0,rx_overrun=1" || return 1
+    [ "$(rdma_info completion_wakeups)" -gt 0 ] && [ "$(rdma_info completions)" -gt 0 ] || { fail "no completions counted"; return 1; }
+    "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed 's/^/# after: /'
+    server_alive
+}
+run_case "ours INFO rdma: counters move by known amounts" case_info_counters
+
+case_doctor() {  # valkey-rdma-cli doctor where RDMA works: no FAIL, exit 0; a wrong address FAILs with the fix
+    local out rc
+    out=$("$RDMA_CLI" doctor --bind "$RDMA_ADDR" --clients 2 --rx-size 65536 --server "$VALKEY_912/src/valkey-server" 2>&1); rc=$?
+    echo "$out" | sed 's/^/# /'
+    expect_eq "doctor exit status" "$rc" 0 || return 1
+    [[ $out == *"OK   devices: "* && $out == *"OK   rdma_cm: "* && $out == *"OK   bind $RDMA_ADDR: on an RDMA device"* ]] || { fail "a check is missing"; return 1; }
+    [[ $out == *"OK   port "*"ACTIVE"* ]] || { fail "no ACTIVE port reported"; return 1; }
+    [[ $out == *"OK   server "*"9.1.2"*"supported"* ]] || { fail "the server check"; return 1; }
+    [[ $out != *"FAIL "* ]] || { fail "a check failed"; return 1; }
+    out=$("$RDMA_CLI" doctor --bind 192.0.2.1 2>&1); rc=$?   # TEST-NET-1: on no interface
+    echo "$out" | grep "bind 192.0.2.1" | sed 's/^/# /'
+    expect_eq "doctor exit status with a foreign bind address" "$rc" 1 || return 1
+    [[ $out == *"FAIL bind 192.0.2.1: "*" -> the address is not on an RDMA device"* ]] || { fail "no fix for the wrong bind address"; return 1; }
+}
+run_case "ours doctor: all good where RDMA works" case_doctor
+
 case_stock_server() {  # SERVER: a stock binary we were not built with serves rdma-test
     local bin=$1 out
     start_server stock "$bin" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
@@ -144,8 +238,10 @@ case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint
     start_server memlock "$WORK/memlock-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING > /dev/null 2>&1
     grep "ulimit -l" "$SERVER_LOG" | sed 's/^/# log: /'
-    grep -q "RDMA: the locked-memory limit (ulimit -l) is 512 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
+    grep -q "RDMA: memlock: the locked-memory limit (ulimit -l) is 512 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
     grep -q "refused.*ulimit -l" "$SERVER_LOG" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
+    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=1,accept=0,migrate=0" || return 1
+    expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1
     server_alive
 }
 

@@ -1,0 +1,312 @@
+//! Pre-flight checks of a host for Valkey over RDMA, one line each with what to do when
+//! it fails: `valkey-rdma-cli doctor` runs them all, and the module runs the same
+//! functions at start-up (`transport::listener`), so the doctor and the server's log
+//! say the same thing.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use crate::server::abi::{version_string, Abi, SUPPORTED_VERSIONS};
+use crate::verbs::{self, CmId, EventChannel};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One check: what was looked at, what was found, and (unless OK) what to do.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: impl Into<String>, detail: impl Into<String>) -> Check {
+        Check { name: name.into(), status: Status::Ok, detail: detail.into(), fix: None }
+    }
+    fn bad(status: Status, name: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check { name: name.into(), status, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    pub fn is_ok(&self) -> bool {
+        self.status == Status::Ok
+    }
+    /// The line for a log: what was found and what to do.
+    pub fn log_line(&self) -> String {
+        match &self.fix {
+            Some(fix) => format!("RDMA: {}: {}: {fix}", self.name, self.detail),
+            None => format!("RDMA: {}: {}", self.name, self.detail),
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.status {
+            Status::Ok => "OK  ",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        write!(f, "{tag} {}: {}", self.name, self.detail)?;
+        if let Some(fix) = &self.fix {
+            write!(f, " -> {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+/// librdmacm.so.1 and libibverbs.so.1 (rdma-core) can be loaded.
+pub fn libraries() -> Check {
+    match verbs::lib() {
+        Ok(_) => Check::ok("libraries", "librdmacm.so.1 and libibverbs.so.1 loaded"),
+        Err(e) => Check::bad(
+            Status::Fail,
+            "libraries",
+            e.to_string(),
+            "install rdma-core's libraries (Debian: apt install librdmacm1 libibverbs1 ibverbs-providers)",
+        ),
+    }
+}
+
+fn sysfs(path: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+fn dir_names(path: impl AsRef<Path>) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(path)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// RDMA devices the kernel has and this process can open (through /dev/infiniband).
+pub fn devices() -> Check {
+    let in_sysfs = dir_names("/sys/class/infiniband");
+    let opened = verbs::device_count();
+    if opened > 0 {
+        return Check::ok("devices", format!("{opened} RDMA device(s) usable: {}", in_sysfs.join(", ")));
+    }
+    if in_sysfs.is_empty() {
+        Check::bad(
+            Status::Fail,
+            "devices",
+            "no RDMA device found",
+            "load the driver of your NIC, or create a Soft-RoCE device (rdma link add rxe0 type rxe netdev IFACE), then restart",
+        )
+    } else {
+        Check::bad(
+            Status::Fail,
+            "devices",
+            format!("the kernel has RDMA devices ({}) but this process cannot open them", in_sysfs.join(", ")),
+            "load the user-space access modules (modprobe ib_uverbs; modprobe rdma_ucm) and check the permissions of /dev/infiniband/*",
+        )
+    }
+}
+
+/// Each port of each device: its state, link layer, netdevs and GIDs (sysfs).
+pub fn ports() -> Vec<Check> {
+    let mut out = Vec::new();
+    for dev in dir_names("/sys/class/infiniband") {
+        let base = format!("/sys/class/infiniband/{dev}/ports");
+        for port in dir_names(&base) {
+            let p = format!("{base}/{port}");
+            let name = format!("port {dev}/{port}");
+            let state = sysfs(format!("{p}/state")).unwrap_or_else(|| "unknown".into());
+            let link = sysfs(format!("{p}/link_layer")).unwrap_or_else(|| "unknown".into());
+            let gids: Vec<String> = dir_names(format!("{p}/gids"))
+                .into_iter()
+                .filter_map(|i| sysfs(format!("{p}/gids/{i}")))
+                .filter(|g| g.chars().any(|c| c != '0' && c != ':'))
+                .collect();
+            let mut ndevs: Vec<String> = dir_names(format!("{p}/gid_attrs/ndevs"))
+                .into_iter()
+                .filter_map(|i| sysfs(format!("{p}/gid_attrs/ndevs/{i}")))
+                .filter(|n| !n.is_empty())
+                .collect();
+            ndevs.sort();
+            ndevs.dedup();
+            let detail = format!(
+                "{state}, {link}, netdev {}, {} GID(s)",
+                if ndevs.is_empty() { "none".to_string() } else { ndevs.join(",") },
+                gids.len()
+            );
+            if !state.contains("ACTIVE") {
+                out.push(Check::bad(
+                    Status::Warn,
+                    name,
+                    detail,
+                    "the port is not ACTIVE: bring its netdev up (ip link set IFACE up) and check the cable or switch",
+                ));
+            } else if gids.is_empty() {
+                out.push(Check::bad(
+                    Status::Warn,
+                    name,
+                    detail,
+                    "no GID: give the port's netdev an IP address (RoCE derives its GIDs from them)",
+                ));
+            } else {
+                out.push(Check::ok(name, detail));
+            }
+        }
+    }
+    out
+}
+
+/// `/dev/infiniband/rdma_cm` (the rdma_ucm module) works: an event channel opens.
+pub fn rdma_cm() -> Check {
+    if !Path::new("/dev/infiniband/rdma_cm").exists() {
+        return Check::bad(
+            Status::Fail,
+            "rdma_cm",
+            "/dev/infiniband/rdma_cm is missing",
+            "load the rdma_ucm kernel module (modprobe rdma_ucm) and check that the server may open the device",
+        );
+    }
+    match EventChannel::new() {
+        Ok(_) => Check::ok("rdma_cm", "/dev/infiniband/rdma_cm opens"),
+        Err(e) => Check::bad(
+            Status::Fail,
+            "rdma_cm",
+            format!("/dev/infiniband/rdma_cm: {e}"),
+            "check the permissions of /dev/infiniband/rdma_cm for the server's user",
+        ),
+    }
+}
+
+/// The locked-memory limit against what `clients` connections pin with our RX buffer of
+/// `rx_size` bytes and clients whose RX buffer is libvalkey's 1 MiB.
+pub fn memlock(clients: u64, rx_size: u32) -> Check {
+    let per = verbs::pinned_bytes(rx_size, crate::protocol::DEFAULT_RX_SIZE);
+    let need = per * clients.max(1);
+    match verbs::memlock_limit() {
+        None => Check::ok("memlock", "unlimited (ulimit -l)"),
+        Some(limit) if limit >= need => Check::ok(
+            "memlock",
+            format!("{} KiB, {} clients at {} KiB each need {} KiB", limit / 1024, clients, per / 1024, need / 1024),
+        ),
+        Some(limit) => Check::bad(
+            if limit >= per { Status::Warn } else { Status::Fail },
+            "memlock",
+            format!(
+                "the locked-memory limit (ulimit -l) is {} KiB and each RDMA client pins about {} KiB: without CAP_IPC_LOCK only {} of {} clients fit",
+                limit / 1024,
+                per / 1024,
+                limit / per,
+                clients
+            ),
+            format!(
+                "raise `ulimit -l` to at least {} KiB (LimitMEMLOCK= for systemd), or lower rdma-rx-size",
+                need.div_ceil(1024)
+            ),
+        ),
+    }
+}
+
+/// Whether `ip` belongs to an RDMA device: an rdma_cm id binds to it.
+pub fn bind(ip: IpAddr) -> Check {
+    let name = format!("bind {ip}");
+    let channel = match EventChannel::new() {
+        Ok(c) => c,
+        Err(e) => return Check::bad(Status::Fail, name, e.to_string(), "fix the rdma_cm check first"),
+    };
+    let id = match CmId::new(&channel) {
+        Ok(id) => id,
+        Err(e) => return Check::bad(Status::Fail, name, e.to_string(), "fix the rdma_cm check first"),
+    };
+    match id.bind(&SocketAddr::new(ip, 0)) {
+        Ok(()) if ip.is_unspecified() => Check::ok(name, "the wildcard address: every RDMA device"),
+        Ok(()) => Check::ok(name, "on an RDMA device"),
+        Err(e) => Check::bad(
+            Status::Fail,
+            name,
+            e.to_string(),
+            "the address is not on an RDMA device: bind to the IP of a netdev that `rdma link` lists (RoCE/IPoIB), or use rdma-bind *",
+        ),
+    }
+}
+
+/// The valkey-server at `path`: its version, and whether this module supports it.
+pub fn server(path: &Path) -> Check {
+    let name = format!("server {}", path.display());
+    let out = match std::process::Command::new(path).arg("--version").output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => return Check::bad(Status::Fail, name, e.to_string(), "give the path of a valkey-server binary"),
+    };
+    // "Valkey server v=9.1.2 sha=... malloc=jemalloc-5.3.0 bits=64 build=..."
+    let Some(v) = out.split_whitespace().find_map(|w| w.strip_prefix("v=")) else {
+        return Check::bad(Status::Fail, name, format!("no version in `{}`", out.trim()), "is this valkey-server?");
+    };
+    let parts: Vec<i32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
+    let [major, minor, patch] = parts[..] else {
+        return Check::bad(Status::Fail, name, format!("version {v} not understood"), "is this valkey-server?");
+    };
+    let code = (major << 16) | (minor << 8) | patch;
+    match Abi::for_version(code) {
+        Some(abi) => Check::ok(name, format!("valkey {} ({abi:?} connection ABI): supported", version_string(code))),
+        None => Check::bad(
+            Status::Fail,
+            name,
+            format!("valkey {v} is not supported (supported: {SUPPORTED_VERSIONS})"),
+            "use a supported valkey-server; its connection ABI must be verified before librdma.so can load into it",
+        ),
+    }
+}
+
+/// What `valkey-rdma-cli doctor` checks.
+pub struct Options {
+    pub binds: Vec<IpAddr>,
+    pub clients: u64,
+    pub rx_size: u32,
+    pub server: Option<std::path::PathBuf>,
+}
+
+/// Every check, in the order a failure should be fixed.
+pub fn run(opts: &Options) -> Vec<Check> {
+    let mut out = vec![libraries()];
+    if !out[0].is_ok() {
+        return out;
+    }
+    out.push(devices());
+    out.extend(ports());
+    out.push(rdma_cm());
+    out.push(memlock(opts.clients, opts.rx_size));
+    for ip in &opts.binds {
+        out.push(bind(*ip));
+    }
+    if let Some(p) = &opts.server {
+        out.push(server(p));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_line_says_what_was_found_and_what_to_do() {
+        let c = Check::bad(Status::Fail, "memlock", "64 KiB", "raise it");
+        assert_eq!(c.to_string(), "FAIL memlock: 64 KiB -> raise it");
+        assert_eq!(c.log_line(), "RDMA: memlock: 64 KiB: raise it");
+        assert_eq!(Check::ok("rdma_cm", "opens").to_string(), "OK   rdma_cm: opens");
+    }
+
+    #[test]
+    fn memlock_counts_what_the_clients_pin() {
+        let per = verbs::pinned_bytes(1 << 20, 1 << 20);
+        let c = memlock(1000, 1 << 20);
+        match verbs::memlock_limit() {
+            None => assert!(c.is_ok()),
+            Some(l) if l >= per * 1000 => assert!(c.is_ok()),
+            Some(_) => assert!(c.detail.contains("only") && c.fix.as_deref().unwrap().contains("ulimit -l")),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The module's counters, shown by `INFO rdma` (README "Observing it"). Relaxed
+//! atomics, bumped once per event (a completion batch, a read, a write), never per
+//! byte; everything that describes the current state (connections, windows, pinned
+//! memory) is computed when INFO asks, from the live set.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::protocol::Violation;
+
+/// Why a connect request was refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rejected {
+    /// Building its verbs resources failed (locked memory, QP or CQ limits).
+    Resources,
+    /// `rdma_accept`, or watching its completion channel, failed.
+    Accept,
+    /// `rdma_migrate_id` failed.
+    Migrate,
+}
+
+/// A CM event that ended a connection (docs/protocol.md §1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CmEnd {
+    Disconnected,
+    Other,
+}
+
+pub(crate) struct Stats {
+    pub(crate) accepted: AtomicU64,
+    rejected: [AtomicU64; 3],
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) writes_in: AtomicU64,
+    pub(crate) writes_out: AtomicU64,
+    pub(crate) rx_registrations_sent: AtomicU64,
+    pub(crate) rx_registrations_received: AtomicU64,
+    pub(crate) keepalives_sent: AtomicU64,
+    pub(crate) keepalives_received: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) budget_hits: AtomicU64,
+    violations: [AtomicU64; 5],
+    pub(crate) work_request_errors: AtomicU64,
+    pub(crate) local_errors: AtomicU64,
+    cm_ends: [AtomicU64; 2],
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) static STATS: Stats = Stats {
+    accepted: ZERO,
+    rejected: [ZERO; 3],
+    bytes_in: ZERO,
+    bytes_out: ZERO,
+    writes_in: ZERO,
+    writes_out: ZERO,
+    rx_registrations_sent: ZERO,
+    rx_registrations_received: ZERO,
+    keepalives_sent: ZERO,
+    keepalives_received: ZERO,
+    wakeups: ZERO,
+    completions: ZERO,
+    budget_hits: ZERO,
+    violations: [ZERO; 5],
+    work_request_errors: ZERO,
+    local_errors: ZERO,
+    cm_ends: [ZERO; 2],
+};
+
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Relaxed);
+}
+
+pub(crate) fn rejected(why: Rejected) {
+    add(&STATS.rejected[why as usize], 1);
+}
+
+pub(crate) fn violation(v: &Violation) {
+    add(&STATS.violations[v.index()], 1);
+}
+
+pub(crate) fn cm_end(kind: CmEnd) {
+    add(&STATS.cm_ends[kind as usize], 1);
+}
+
+use crate::server::api::InfoField as Field;
+
+/// What describes the current state, from the live set (see `super::info`).
+pub(crate) struct Now {
+    pub(crate) listeners: u64,
+    pub(crate) connected: u64,
+    pub(crate) pending: u64,
+    pub(crate) pinned_bytes: u64,
+    pub(crate) rx_size: u64,
+    /// (min, max) of the RX windows the clients registered (our TX windows).
+    pub(crate) peer_windows: Option<(u64, u64)>,
+}
+
+/// The fields of `INFO rdma`, in order (names documented in the README).
+pub(crate) fn fields(now: &Now) -> Vec<Field> {
+    let s = &STATS;
+    let get = |c: &AtomicU64| c.load(Relaxed);
+    let (wmin, wmax) = now.peer_windows.unwrap_or((0, 0));
+    let wakeups = get(&s.wakeups);
+    let completions = get(&s.completions);
+    vec![
+        Field::Num("listeners", now.listeners),
+        Field::Num("connected_clients", now.connected),
+        Field::Num("total_connections_received", get(&s.accepted)),
+        Field::Dict(
+            "rejected_connections",
+            vec![
+                ("resources", get(&s.rejected[Rejected::Resources as usize])),
+                ("accept", get(&s.rejected[Rejected::Accept as usize])),
+                ("migrate", get(&s.rejected[Rejected::Migrate as usize])),
+            ],
+        ),
+        Field::Num("pending_connections", now.pending),
+        Field::Num("total_net_input_bytes", get(&s.bytes_in)),
+        Field::Num("total_net_output_bytes", get(&s.bytes_out)),
+        Field::Num("total_rdma_writes_in", get(&s.writes_in)),
+        Field::Num("total_rdma_writes_out", get(&s.writes_out)),
+        Field::Num("rx_registrations_sent", get(&s.rx_registrations_sent)),
+        Field::Num("rx_registrations_received", get(&s.rx_registrations_received)),
+        Field::Num("rx_window_bytes", now.rx_size),
+        Field::Num("peer_rx_window_min_bytes", wmin),
+        Field::Num("peer_rx_window_max_bytes", wmax),
+        Field::Num("keepalives_sent", get(&s.keepalives_sent)),
+        Field::Num("keepalives_received", get(&s.keepalives_received)),
+        Field::Num("completion_wakeups", wakeups),
+        Field::Num("completions", completions),
+        Field::Num("completions_per_wakeup_x100", (completions * 100).checked_div(wakeups).unwrap_or(0)),
+        Field::Num("completion_budget_hits", get(&s.budget_hits)),
+        Field::Dict(
+            "protocol_violations",
+            Violation::KINDS.iter().zip(&s.violations).map(|(k, c)| (*k, get(c))).collect(),
+        ),
+        Field::Dict(
+            "errors",
+            vec![("work_request", get(&s.work_request_errors)), ("local_verbs", get(&s.local_errors))],
+        ),
+        Field::Dict(
+            "cm_disconnects",
+            vec![
+                ("disconnected", get(&s.cm_ends[CmEnd::Disconnected as usize])),
+                ("other", get(&s.cm_ends[CmEnd::Other as usize])),
+            ],
+        ),
+        Field::Num("pinned_bytes", now.pinned_bytes),
+    ]
+}
