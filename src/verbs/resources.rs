@@ -213,6 +213,25 @@ impl CmId {
             VerbsOp::SetOption,
         )
     }
+    /// The QP's local ACK timeout, 4.096 µs × 2^`exp` per try (IBTA; the QP gives up
+    /// after its retry count). Set before `rdma_accept`/`rdma_connect`: it is applied when
+    /// the QP moves to RTS. Without it rdma_cm derives one from the path record.
+    pub fn set_ack_timeout(&self, exp: u8) -> Result<()> {
+        let mut v = exp;
+        // SAFETY: the option value is a live u8 of the size passed.
+        check(
+            unsafe {
+                (loaded().rdma_set_option)(
+                    self.as_ptr(),
+                    RDMA_OPTION_LEVEL_ID,
+                    RDMA_OPTION_ID_ACK_TIMEOUT,
+                    (&mut v as *mut u8).cast(),
+                    std::mem::size_of::<u8>(),
+                )
+            },
+            VerbsOp::SetOption,
+        )
+    }
     pub fn bind(&self, addr: &std::net::SocketAddr) -> Result<()> {
         let mut sa = SockAddr::from(addr);
         // SAFETY: `sa` is a valid sockaddr_in/in6 for the call's duration.
@@ -279,6 +298,7 @@ impl Drop for CmId {
 /// anonymous enums that bindgen does not carry into rdma-sys.
 const RDMA_OPTION_LEVEL_ID: i32 = 0;
 const RDMA_OPTION_ID_AFONLY: i32 = 2;
+const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
 
 fn check(rc: i32, op: VerbsOp) -> Result<()> {
     if rc == 0 {

@@ -2,6 +2,7 @@
 # behaviour issue 3 asks for, with real servers, real clients and real verbs.
 
 OURS=(--loadmodule "$OUR_MODULE")
+RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
 
 case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vector=
     local tree=$1 out
@@ -274,7 +275,6 @@ run_case "ours locked-memory limit too low" case_memlock_too_low
 run_case "ours no /dev/infiniband/rdma_cm" case_no_rdma_cm
 
 # --- hostile peers (valkey-rdma-cli --hostile): the server survives and serves others ---
-RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
 
 server_cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"; }
 
