@@ -224,6 +224,25 @@ case_doctor() {  # valkey-rdma-cli doctor where RDMA works: no FAIL, exit 0; a w
 }
 run_case "ours doctor: all good where RDMA works" case_doctor
 
+# Dead peers (docs/protocol.md §1): a process killed with SIGKILL has its rdma_cm ids
+# destroyed by the kernel, which disconnects them; the server must close every one of its
+# connections. Bound: 10 s (measured 1-2 s in the guest, io-threads 4, writing).
+case_dead_peer_sigkill() {
+    start_server deadpeer "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 4 || return 1
+    "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -c 50 -n 100000000 -t set -q > /dev/null 2>&1 &
+    local bp=$! i n t0
+    for i in $(seq 1 50); do [ "$(rdma_info connected_clients)" = 50 ] && break; sleep 0.2; done
+    expect_eq "RDMA clients before the kill" "$(rdma_info connected_clients)" 50 || { kill -9 $bp; return 1; }
+    sleep 1
+    kill -9 $bp; t0=$SECONDS
+    for i in $(seq 1 50); do n=$(rdma_info connected_clients); [ "$n" = 0 ] && break; sleep 0.2; done
+    echo "# 50 connections of a SIGKILLed client: $n left after $((SECONDS - t0)) s"
+    expect_eq "RDMA clients 10 s after SIGKILL" "$n" 0 || return 1
+    expect_eq "INFO clients agrees (only this asker)" "$("$CLI912" -h 127.0.0.1 -p "$PORT" INFO clients | tr -d '\r' | sed -n 's/^connected_clients://p')" 1 || return 1
+    server_alive
+}
+run_case "ours dead peers: a SIGKILLed client's 50 connections are closed within 10 s" case_dead_peer_sigkill
+
 case_stock_server() {  # SERVER: a stock binary we were not built with serves rdma-test
     local bin=$1 out
     start_server stock "$bin" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
