@@ -44,9 +44,61 @@ pub struct Settings {
 
 const KEYS: &str = "bind=ADDR, port=N, rx-size=BYTES, comp-vector=N";
 
+/// A configuration the module refuses, with what to fix (its `Display` is the log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A module argument without `=` (and not an address after `bind=`).
+    NotKeyValue(String),
+    UnknownKey(String),
+    NotANumber {
+        key: String,
+        value: String,
+    },
+    OutOfRange {
+        key: String,
+        value: String,
+        min: i64,
+        max: i64,
+    },
+    /// More bind addresses than the server's listener holds.
+    TooManyBinds(usize),
+    /// Not an IP literal, `*` or `::*`.
+    BadBindAddress(String),
+    /// A module argument and the core config it duplicates disagree.
+    Conflict {
+        arg: String,
+        config: &'static str,
+        config_value: String,
+    },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::NotKeyValue(a) => write!(f, "module argument '{a}' is not KEY=VALUE; known: {KEYS}"),
+            ConfigError::UnknownKey(k) => write!(f, "unknown module argument '{k}'; known: {KEYS}"),
+            ConfigError::NotANumber { key, value } => write!(f, "{key}={value} is not a number"),
+            ConfigError::OutOfRange { key, value, min, max } => {
+                write!(f, "{key}={value} is out of range ({min}..={max})")
+            }
+            ConfigError::TooManyBinds(n) => write!(f, "bind= names {n} addresses; at most 16 are allowed"),
+            ConfigError::BadBindAddress(a) => write!(
+                f,
+                "bind address '{a}' is not an IP address (RDMA binds to IP literals, '*' or '::*', optionally prefixed with '-')"
+            ),
+            ConfigError::Conflict { arg, config, config_value } => write!(
+                f,
+                "module argument {arg} conflicts with {config} {config_value}: set only one of them"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
 /// Parses module arguments. `bind=` takes one or more addresses: `bind="a b"` as one
 /// argument, or `bind=a b` where the following arguments without `=` belong to it.
-pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, String> {
+pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, ConfigError> {
     let mut out = ModuleArgs::default();
     let mut in_bind = false;
     for arg in args {
@@ -56,7 +108,7 @@ pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, String
                 out.bind.push(validate_bind(arg)?);
                 continue;
             }
-            return Err(format!("module argument '{arg}' is not KEY=VALUE; known: {KEYS}"));
+            return Err(ConfigError::NotKeyValue(arg.to_string()));
         };
         in_bind = false;
         match key.to_ascii_lowercase().as_str() {
@@ -71,19 +123,20 @@ pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, String
                 out.rx_size = Some(parse_num(key, value, MIN_RX_SIZE as i64, MAX_RX_SIZE as i64)? as u32)
             }
             "comp-vector" | "comp_vector" => out.comp_vector = Some(parse_num(key, value, -1, 1024)? as i32),
-            _ => return Err(format!("unknown module argument '{key}'; known: {KEYS}")),
+            _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
     }
     if out.bind.len() > crate::server::abi::CONFIG_BINDADDR_MAX {
-        return Err(format!("bind= names {} addresses; at most 16 are allowed", out.bind.len()));
+        return Err(ConfigError::TooManyBinds(out.bind.len()));
     }
     Ok(out)
 }
 
-fn parse_num(key: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
-    let v = parse_memory(value).ok_or_else(|| format!("{key}={value} is not a number"))?;
+fn parse_num(key: &str, value: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
+    let v = parse_memory(value)
+        .ok_or_else(|| ConfigError::NotANumber { key: key.to_string(), value: value.to_string() })?;
     if v < min || v > max {
-        return Err(format!("{key}={value} is out of range ({min}..={max})"));
+        return Err(ConfigError::OutOfRange { key: key.to_string(), value: value.to_string(), min, max });
     }
     Ok(v)
 }
@@ -108,7 +161,7 @@ fn parse_memory(s: &str) -> Option<i64> {
     n.checked_mul(mul)
 }
 
-fn validate_bind(a: &str) -> Result<String, String> {
+fn validate_bind(a: &str) -> Result<String, ConfigError> {
     BindAddr::parse(a).map(|_| a.to_string())
 }
 
@@ -122,7 +175,7 @@ pub struct BindAddr {
 }
 
 impl BindAddr {
-    pub fn parse(s: &str) -> Result<BindAddr, String> {
+    pub fn parse(s: &str) -> Result<BindAddr, ConfigError> {
         let (optional, a) = match s.strip_prefix('-') {
             Some(rest) => (true, rest),
             None => (false, s),
@@ -130,15 +183,13 @@ impl BindAddr {
         let ip = match a {
             "*" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             "::*" => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            _ => a.parse::<IpAddr>().map_err(|_| {
-                format!("bind address '{s}' is not an IP address (RDMA binds to IP literals, '*' or '::*', optionally prefixed with '-')")
-            })?,
+            _ => a.parse::<IpAddr>().map_err(|_| ConfigError::BadBindAddress(s.to_string()))?,
         };
         Ok(BindAddr { ip, optional })
     }
 
     /// The listener's addresses; none configured means every address, as for TCP.
-    pub fn parse_list<S: AsRef<str>>(list: &[S]) -> Result<Vec<BindAddr>, String> {
+    pub fn parse_list<S: AsRef<str>>(list: &[S]) -> Result<Vec<BindAddr>, ConfigError> {
         if list.is_empty() {
             return Ok(vec![BindAddr::parse("*")?, BindAddr::parse("-::*")?]);
         }
@@ -147,38 +198,27 @@ impl BindAddr {
 }
 
 /// Combines module arguments with the core configs. A value given both ways must agree.
-pub fn merge(args: &ModuleArgs, core: &CoreConfig) -> Result<Settings, String> {
+pub fn merge(args: &ModuleArgs, core: &CoreConfig) -> Result<Settings, ConfigError> {
+    let conflict =
+        |arg: String, config: &'static str, config_value: String| ConfigError::Conflict { arg, config, config_value };
     if let Some(p) = args.port {
         if core.port != 0 && core.port != p {
-            return Err(format!(
-                "module argument port={p} conflicts with rdma-port {}: set only one of them",
-                core.port
-            ));
+            return Err(conflict(format!("port={p}"), "rdma-port", core.port.to_string()));
         }
     }
     if !args.bind.is_empty() && !core.bind.is_empty() && args.bind != core.bind {
-        return Err(format!(
-            "module argument bind={} conflicts with rdma-bind {}: set only one of them",
-            args.bind.join(" "),
-            core.bind.join(" ")
-        ));
+        return Err(conflict(format!("bind={}", args.bind.join(" ")), "rdma-bind", core.bind.join(" ")));
     }
     let rx_size = match args.rx_size {
         Some(v) if core.rx_size != DEFAULT_RX_SIZE && core.rx_size != v => {
-            return Err(format!(
-                "module argument rx-size={v} conflicts with rdma-rx-size {}: set only one of them",
-                core.rx_size
-            ))
+            return Err(conflict(format!("rx-size={v}"), "rdma-rx-size", core.rx_size.to_string()))
         }
         Some(v) => v,
         None => core.rx_size,
     };
     let comp_vector = match args.comp_vector {
         Some(v) if core.comp_vector != -1 && core.comp_vector != v => {
-            return Err(format!(
-                "module argument comp-vector={v} conflicts with rdma-completion-vector {}: set only one of them",
-                core.comp_vector
-            ))
+            return Err(conflict(format!("comp-vector={v}"), "rdma-completion-vector", core.comp_vector.to_string()))
         }
         Some(v) => v,
         None => core.comp_vector,
@@ -218,11 +258,11 @@ mod tests {
             (vec!["6379"], "not KEY=VALUE"),
             (vec!["bind=rdma-host.example"], "not an IP address"),
         ] {
-            let e = parse_module_args(&args).unwrap_err();
+            let e = parse_module_args(&args).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
         let many: Vec<String> = (0..17).map(|i| format!("bind=10.0.0.{i}")).collect();
-        assert!(parse_module_args(&many).unwrap_err().contains("at most 16"));
+        assert_eq!(parse_module_args(&many).unwrap_err(), ConfigError::TooManyBinds(17));
     }
 
     #[test]
@@ -249,6 +289,8 @@ mod tests {
         assert_eq!(same.set_port, None, "agreeing values need no CONFIG SET");
         for args in [vec!["port=7000"], vec!["bind=10.0.0.2"], vec!["rx-size=131072"], vec!["comp-vector=1"]] {
             let e = merge(&parse_module_args(&args).unwrap(), &core).unwrap_err();
+            assert!(matches!(e, ConfigError::Conflict { .. }), "{e}");
+            let e = e.to_string();
             assert!(e.contains("conflicts") && e.contains("set only one"), "{e}");
         }
     }

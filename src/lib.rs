@@ -61,8 +61,8 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
     }
     server::symbols::resolve()?;
     verbs::lib().map_err(|e| e.to_string())?;
-    let args = config::parse_module_args(&ctx.args)?;
-    let settings = config::merge(&args, &core_config(ctx))?;
+    let args = config::parse_module_args(&ctx.args).map_err(|e| e.to_string())?;
+    let settings = config::merge(&args, &core_config(ctx)).map_err(|e| e.to_string())?;
     let accepts_per_cycle = ctx.config_get("max-new-connections-per-cycle").and_then(|v| v.parse().ok()).unwrap_or(10);
     let maxclients: i64 = ctx.config_get("maxclients").and_then(|v| v.parse().ok()).unwrap_or(10000);
     let (set_bind, set_port) = (settings.set_bind.clone(), settings.set_port);
