@@ -16,6 +16,7 @@ pub const CASES: &[(&str, &str)] = &[
     ("imm-overrun", "an RDMA write whose immediate overruns the server's RX buffer"),
     ("flood", "5000 commands, one RDMA write each, beyond the 1024 posted receives"),
     ("no-read", "a 4 KiB RX buffer never re-registered while asking for 10 MB of replies"),
+    ("register-mid-reply", "RegisterXferMemory of changing lengths while the server writes a 1 MB reply"),
     ("keepalive-flood", "legal Keepalive messages as fast as the send queue allows, for --hold seconds"),
     ("empty-write-flood", "RDMA writes with immediate 0 (legal, empty) as fast as possible, for --hold seconds"),
     ("disconnect-mid-write", "half a command, then an orderly disconnect"),
@@ -39,8 +40,14 @@ fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
 
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
 pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
-    let opts =
-        Options { rx_size: if case == "no-read" { 4096 } else { Options::default().rx_size }, ..Options::default() };
+    let opts = Options {
+        rx_size: match case {
+            "no-read" => 4096,
+            "register-mid-reply" => 65536, // the reply spans many windows
+            _ => Options::default().rx_size,
+        },
+        ..Options::default()
+    };
     let mut s = RdmaStream::connect(addr, &opts)?;
     match case {
         "short-control" => s.endpoint().post_send_raw(&control(2)[..16])?,
@@ -79,6 +86,29 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             // never read: our 4 KiB RX buffer fills and is never handed back
             std::thread::sleep(hold);
             let _ = s.pump()?;
+            return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
+        }
+        // Fault 2 of the review: a RegisterXferMemory that arrives while the server's
+        // writes from its current TX buffer are in flight must not free or reuse that
+        // buffer under the NIC. The server may close us or go on; it must not crash.
+        "register-mid-reply" => {
+            let mut cmd = Vec::new();
+            resp::encode(&[b"SET", b"hostile:mid", &vec![b'y'; 1_000_000]], &mut cmd);
+            s.write_all(&cmd)?;
+            let mut ok = [0u8; 5];
+            let mut got = 0;
+            while got < ok.len() {
+                got += s.read(&mut ok[got..])?;
+            }
+            let mut get = Vec::new();
+            resp::encode(&[b"GET", b"hostile:mid"], &mut get);
+            let (addr, key) = (s.ep.rx_addr(), s.ep.rx_key());
+            for i in 0..50 {
+                s.write_all(&get)?;
+                let length = if i % 2 == 0 { 32 * 1024 } else { s.ep.rx_len() };
+                s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?;
+                s.settle(Duration::from_millis(20))?;
+            }
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
         // Fault 1 of the review: the main thread must not stay in one connection's

@@ -353,6 +353,7 @@ run_case "ours hostile: RegisterXferMemory length 4 GiB" case_hostile register-h
 run_case "ours hostile: immediate past the RX window" case_hostile imm-overrun ClosedByServer
 run_case "ours hostile: flood beyond the posted receives" case_hostile flood StillOpen
 run_case "ours hostile: disconnect mid-write" case_hostile disconnect-mid-write StillOpen
+run_case "ours hostile: RegisterXferMemory while a reply is in flight" case_hostile register-mid-reply ""
 run_case "ours hostile: die without disconnecting" case_hostile die ""
 run_case "ours hostile: a client that never reads (no spinning)" case_hostile_no_read
 run_case "ours hostile: Keepalive flood (others served)" case_hostile_flood keepalive-flood
