@@ -7,7 +7,8 @@
 #   - groups killed at once: 50 connections of valkey-benchmark SIGKILLed after 2 s, twice;
 #   - BGSAVE forks (every 10 s);
 # then the load stops and the server's fds, RSS, VmPin and RDMA connected clients are
-# sampled once every client is gone. Required: fds and VmPin back to the baseline, no RDMA
+# sampled once every client is gone and the data set is flushed (FLUSHALL: the benchmark's
+# LPUSHes grow a list every round). Required: fds and VmPin back to the baseline, no RDMA
 # client left, RSS within 16 MiB of the baseline (allocator caches), no crash or assertion
 # in the log, and the server still answering over RDMA. Prints one row per minute and
 # "soak: N passed, N failed" (one check per minute, one for the whole run).
@@ -58,19 +59,21 @@ one_minute() {
 }
 
 BASE_FDS=$(fds) BASE_RSS=$(status_kb VmRSS) BASE_PIN=$(status_kb VmPin)
-printf '# %-6s %6s %10s %8s %8s %s\n' minute fds rss_kb vmpin_kb clients note
-printf '# %-6s %6s %10s %8s %8s %s\n' base "$BASE_FDS" "$BASE_RSS" "$BASE_PIN" 0 ""
+used_kb() { echo $(( $("$CLI912" -h 127.0.0.1 -p "$PORT" INFO memory | tr -d '\r' | sed -n 's/^used_memory://p') / 1024 )); }
+printf '# %-6s %6s %10s %8s %8s %12s %s\n' minute fds rss_kb vmpin_kb clients used_mem_kb note
+printf '# %-6s %6s %10s %8s %8s %12s %s\n' base "$BASE_FDS" "$BASE_RSS" "$BASE_PIN" 0 "$(used_kb)" ""
 P=0 F=0
 for m in $(seq 1 "$MINUTES"); do
     one_minute
     settled=yes; settle || settled=no
+    "$CLI912" -h 127.0.0.1 -p "$PORT" FLUSHALL SYNC > /dev/null
     f=$(fds) r=$(status_kb VmRSS) p=$(status_kb VmPin) c=$(rdma_clients) why=""
     kill -0 "$SERVER_PID" 2>/dev/null || why+=" server died"
     [ "$settled" = yes ] || why+=" clients left"
     [ "${f:-0}" -le $((BASE_FDS + 2)) ] || why+=" fds grew"
     [ "${p:-1}" = "$BASE_PIN" ] || why+=" VmPin not back"
     [ "${r:-0}" -le $((BASE_RSS + 16384)) ] || why+=" RSS grew by more than 16 MiB"
-    printf '# %-6s %6s %10s %8s %8s %s\n' "$m" "$f" "$r" "$p" "$c" "${why:-flat}"
+    printf '# %-6s %6s %10s %8s %8s %12s %s\n' "$m" "$f" "$r" "$p" "$c" "$(used_kb)" "${why:-flat}"
     if [ -z "$why" ]; then P=$((P + 1)); else F=$((F + 1)); fi
     [ -n "$why" ] && [[ $why == *"server died"* ]] && break
 done
