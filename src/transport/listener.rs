@@ -195,11 +195,20 @@ pub(crate) fn close_listener(listener: &mut crate::server::abi::ConnListener) {
 /// `ct->accept_handler`: a listener channel has CM events (connect requests). The
 /// server's event loop is known from here on (the edge remembered it).
 pub(crate) fn on_listener_events(fd: c_int) {
-    if let Some(retired) = lock(&RETIRED).as_mut().and_then(|r| r.remove(&fd)) {
-        // Now the loop is known: unwatch, then close (rejecting what is queued on it).
-        symbols::unwatch_listener_fd(fd);
+    // Now the loop is known: unwatch every retired listener, then close it (rejecting
+    // what is queued on it).
+    let retired: Vec<(c_int, Arc<ListenEndpoint>)> =
+        lock(&RETIRED).as_mut().map(|r| r.drain().collect()).unwrap_or_default();
+    if !retired.is_empty() {
+        for (rfd, _) in &retired {
+            symbols::unwatch_listener_fd(*rfd);
+        }
+        log::info!("RDMA: {} listener(s) closed before the event loop was known are released now", retired.len());
+        let was_retired = retired.iter().any(|(rfd, _)| *rfd == fd);
         drop(retired);
-        return;
+        if was_retired {
+            return;
+        }
     }
     let Some(ep) = lock(&LISTENING).as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
     for _ in 0..global().accepts_per_cycle {

