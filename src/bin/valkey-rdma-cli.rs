@@ -23,6 +23,7 @@ fn usage() -> ! {
     eprintln!("          bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
+    eprintln!("  --then-idle SECS  keep the connection open, idle, for SECS after the reply (a pooled client)");
     eprintln!("  --pipeline  read commands from standard input, one per line (words split on spaces),");
     eprintln!("              send them all at once, print each reply as valkey-cli does");
     eprintln!("hostile cases (for robustness tests):");
@@ -66,6 +67,7 @@ fn main() {
     let mut opts = Options::default();
     let mut probe = None;
     let mut pipeline = false;
+    let mut then_idle = 0f64;
     let mut raw = !std::io::stdout().is_terminal();
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -84,6 +86,9 @@ fn main() {
             "--probe" if words.is_empty() => probe = args.next().and_then(|p| p.parse::<f64>().ok()),
             "--hold" if words.is_empty() => hold = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
             "--pipeline" if words.is_empty() => pipeline = true,
+            "--then-idle" if words.is_empty() => {
+                then_idle = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage())
+            }
             "--help" => usage(),
             _ => words.push(a.into_bytes()),
         }
@@ -123,6 +128,14 @@ fn main() {
         std::process::exit(1)
     });
     print_reply(&reply, raw, &mut std::io::stdout().lock());
+    if then_idle > 0.0 {
+        // a pooled client: the connection stays open, idle, after its command
+        let _ = std::io::stdout().flush();
+        if let Err(e) = client.stream().settle(Duration::from_secs_f64(then_idle)) {
+            eprintln!("Error while idle: {e}");
+            std::process::exit(1)
+        }
+    }
 }
 
 fn print_reply(reply: &Reply, raw: bool, out: &mut impl Write) {

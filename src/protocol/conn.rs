@@ -320,6 +320,12 @@ pub struct Conn {
     /// The driver stopped polling at its per-wake-up budget with completions left; the
     /// completion channel will not signal them again.
     completions_left: bool,
+    /// Server: the largest RX buffer it may grow to at a hand-back (`rdma-rx-size`); the
+    /// buffer starts smaller (docs/protocol.md §4.3, adaptive RX window).
+    rx_cap: u32,
+    /// A hand-back is due and the driver is asked for a buffer of this size first
+    /// ([`rx_regrow_wanted`](Conn::rx_regrow_wanted)).
+    rx_regrow: Option<u32>,
     /// Handlers on the stack (connhelpers.h `refs`).
     depth: u32,
     freed: bool,
@@ -342,6 +348,8 @@ impl Conn {
             bytes_read: 0,
             bytes_written: 0,
             completions_left: false,
+            rx_cap: rx.len,
+            rx_regrow: None,
             depth: 0,
             freed: false,
             run: None,
@@ -579,6 +587,12 @@ impl Conn {
     /// RX buffer, RegisterXferMemory is queued to hand it back (docs/protocol.md §4.3),
     /// unless the peer is gone. The driver must copy the bytes out *before* posting the
     /// queued message: the peer writes over them once it has it.
+    ///
+    /// A server whose RX buffer is below its cap ([`set_rx_cap`](Self::set_rx_cap))
+    /// grows it instead: the peer filled the whole window, so it had more to send. The
+    /// hand-back then waits for the driver: [`rx_regrow_wanted`](Self::rx_regrow_wanted)
+    /// names the size, [`rx_replaced`](Self::rx_replaced) hands over the new buffer (or
+    /// none, keeping the old one) and queues the RegisterXferMemory naming it.
     pub fn consume(&mut self, n: usize) {
         if matches!(self.state, State::Failed(_) | State::Closed) {
             return;
@@ -587,8 +601,44 @@ impl Conn {
         self.bytes_read += n as u64;
         if let Some(msg) = self.session.consume(n) {
             if self.is_live() {
-                self.control.push_back(msg);
+                let len = self.session.rx.len();
+                if len < self.rx_cap {
+                    self.rx_regrow = Some(len.saturating_mul(4).min(self.rx_cap));
+                } else {
+                    self.control.push_back(msg);
+                }
             }
+        }
+    }
+
+    /// Server: the RX buffer may grow up to `cap` bytes at hand-backs (the operator's
+    /// `rdma-rx-size`; the connection starts with a smaller buffer, so that an idle
+    /// connection pins little). Never below the current buffer.
+    pub fn set_rx_cap(&mut self, cap: u32) {
+        self.rx_cap = cap.max(self.session.rx.len());
+    }
+
+    /// A hand-back is due with a larger RX buffer of this many bytes: the driver makes
+    /// one and calls [`rx_replaced`](Self::rx_replaced) before posting control messages.
+    pub fn rx_regrow_wanted(&self) -> Option<u32> {
+        self.rx_regrow
+    }
+
+    /// The driver's answer to [`rx_regrow_wanted`](Self::rx_regrow_wanted): the new RX
+    /// buffer, or `None` to keep the old one (allocation failed; the cap is lowered to
+    /// it). Queues the RegisterXferMemory that hands back the (new) buffer. The old
+    /// buffer may be freed at once: the peer filled it completely and waits for this
+    /// message, so none of its writes can still be on the way.
+    pub fn rx_replaced(&mut self, new: Option<RxBuffer>) {
+        if self.rx_regrow.take().is_none() {
+            return;
+        }
+        match new {
+            Some(b) => self.session.replace_rx(b.addr, b.len, b.key),
+            None => self.rx_cap = self.session.rx.len(),
+        }
+        if self.is_live() {
+            self.control.push_back(self.session.register_rx());
         }
     }
 

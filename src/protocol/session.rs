@@ -91,6 +91,15 @@ impl Session {
         self.rx.on_write(imm)
     }
 
+    /// A new RX buffer replaces ours at a hand-back (docs/protocol.md §4.3): only valid
+    /// when the window is back at 0 (full, consumed, not yet handed back).
+    pub fn replace_rx(&mut self, addr: u64, len: u32, key: u32) {
+        debug_assert!(self.rx.consumed() == 0 && !self.rx.has_unread());
+        self.rx_addr = addr;
+        self.rx_key = key;
+        self.rx = RxWindow::new(len);
+    }
+
     /// The application consumed `n` bytes. Returns the RegisterXferMemory to send when
     /// the RX buffer was full and is now consumed.
     pub fn consume(&mut self, n: usize) -> Option<ControlMessage> {

@@ -66,6 +66,7 @@ struct Stats {
     window_waits: AtomicU64,
     send_queue_waits: AtomicU64,
     reregistrations: AtomicU64,
+    rx_grown: AtomicU64,
     disconnects_with_unread: AtomicU64,
     eofs: AtomicU64,
     violations: AtomicU64,
@@ -344,7 +345,11 @@ impl Sim {
         let big = rng.one_in(12);
         let mut rx_len = || if big { rng.range(64 << 10, 256 << 10) as u32 } else { rng.range(1, 4096) as u32 };
         let (srv_rx, cli_rx) = (rx_len(), rx_len());
-        let server = Side::new(Role::Server, &mut rng, srv_rx, cli_rx, big);
+        let mut server = Side::new(Role::Server, &mut rng, srv_rx, cli_rx, big);
+        if rng.one_in(2) {
+            // adaptive RX window: the server's buffer may grow at hand-backs up to 64×
+            server.core.set_rx_cap(srv_rx.saturating_mul(rng.range(2, 64) as u32));
+        }
         let client = Side::new(Role::Client, &mut rng, cli_rx, srv_rx, big);
         let fate = match rng.below(10) {
             0..=4 => Fate::None,
@@ -364,7 +369,8 @@ impl Sim {
                     3 => Forged::Overrun(if rng.one_in(4) {
                         u32::MAX - rng.below(16) as u32
                     } else {
-                        len + 1 + rng.below(1000) as u32
+                        // past any RX buffer, also one grown to its cap (64× at most)
+                        len.saturating_mul(64).saturating_add(1 + rng.below(1000) as u32)
                     }),
                     4 => Forged::TooLongSend,
                     _ => Forged::SetClientFeatureToClient,
@@ -671,6 +677,35 @@ impl Sim {
         }
         side.sq.push_back((wr, signaled));
         Some((wr, signaled))
+    }
+
+    /// The driver's part of an adaptive RX window: a new, larger buffer at a hand-back
+    /// (sometimes the allocation fails and the old one is kept).
+    fn regrow_rx(&mut self, s: usize) {
+        let Some(len) = self.sides[s].core.rx_regrow_wanted() else { return };
+        let side = &mut self.sides[s];
+        if side.landed_end != side.rx.len {
+            fail!(
+                self,
+                "{}: RX buffer replaced with only {} of {} bytes landed",
+                NAME[s],
+                side.landed_end,
+                side.rx.len
+            );
+        }
+        if self.rng.one_in(8) {
+            self.log(|| format!("{} cannot grow its RX buffer to {len}", NAME[s]));
+            self.sides[s].core.rx_replaced(None);
+        } else {
+            let side = &mut self.sides[s];
+            let new = RxBuffer { addr: side.rx.addr + 0x100_0000, len, key: side.rx.key + 100 };
+            side.rx = new;
+            side.rx_buf = vec![0; len as usize];
+            side.landed_end = len; // the old buffer was full: the hand-back check below
+            stat(|x| &x.rx_grown);
+            self.log(|| format!("{} grows its RX buffer to {len}", NAME[s]));
+            self.sides[s].core.rx_replaced(Some(new));
+        }
     }
 
     fn flush_control(&mut self, s: usize) {
@@ -1069,6 +1104,7 @@ impl Sim {
                     );
                 }
                 self.sides[s].received += got.len() as u64;
+                self.regrow_rx(s);
                 self.flush_control(s);
                 if in_handler && self.rng.one_in(3) {
                     // a command, answered with a reply
@@ -1448,7 +1484,7 @@ fn simulated_server_and_client_keep_every_rule() {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         println!(
             "seeds passed {}, bytes read {}, write-handler re-runs {}, completion-backlog turns {}, writes blocked: window {} / send queue {}, \
-             re-registrations {}, disconnects with unread bytes {}, EOFs {}, violations {}, work request failures {}, \
+             re-registrations {}, RX buffers grown {}, disconnects with unread bytes {}, EOFs {}, violations {}, work request failures {}, \
              post failures {}, frees after a handler returned {}, asynchronous closes {}, liveness checks {}",
             g(&x.seeds),
             g(&x.bytes),
@@ -1457,6 +1493,7 @@ fn simulated_server_and_client_keep_every_rule() {
             g(&x.window_waits),
             g(&x.send_queue_waits),
             g(&x.reregistrations),
+            g(&x.rx_grown),
             g(&x.disconnects_with_unread),
             g(&x.eofs),
             g(&x.violations),

@@ -60,8 +60,11 @@ impl Inner {
 }
 
 impl RdmaConnection {
-    pub(crate) fn new(ep: Endpoint) -> RdmaConnection {
-        let core = Conn::new(Role::Server, RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() });
+    /// `rx_cap`: the largest RX buffer the connection may grow to (`rdma-rx-size`); the
+    /// endpoint's buffer is where it starts.
+    pub(crate) fn new(ep: Endpoint, rx_cap: u32) -> RdmaConnection {
+        let mut core = Conn::new(Role::Server, RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() });
+        core.set_rx_cap(rx_cap);
         let (peer, local) = (ep.id().peer_addr(), ep.id().local_addr());
         RdmaConnection {
             peer,
@@ -118,6 +121,22 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let range = inner.core.read(buf.len()).ok()?;
     let ep = inner.ep.as_ref()?;
     buf[..range.len()].copy_from_slice(&ep.rx_bytes()[range.clone()]);
+    // A full buffer was consumed and the client wants more room: a larger one goes with
+    // the hand-back (adaptive RX window, docs/protocol.md §4.3).
+    if let Some(len) = inner.core.rx_regrow_wanted() {
+        let new = match inner.ep.as_mut().map(|ep| ep.replace_rx(len).map(|()| ep)) {
+            Some(Ok(ep)) => {
+                stats::add(&STATS.rx_grown, 1);
+                Some(RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() })
+            }
+            Some(Err(e)) => {
+                log::debug!("RDMA client {}: RX buffer not grown to {len}: {e}", c.inner.peer_name());
+                None
+            }
+            None => None,
+        };
+        inner.core.rx_replaced(new);
+    }
     // Only now may a RegisterXferMemory the read queued go out: the client writes over
     // these bytes once it has it (docs/protocol.md §4.3).
     let failed = inner.flush_control();
@@ -181,17 +200,16 @@ pub(crate) fn process_completions(c: &HostedConn) {
             // cannot land in a 32-byte slot (it completes as a length error).
             Completion::Control { bytes, len } => {
                 match inner.core.on_control(&bytes[..(len as usize).min(bytes.len())]) {
-                    // docs/protocol.md §2: the TX buffer follows the peer's RX buffer.
-                    // Writes from the old one may still be in flight: the endpoint keeps
-                    // it registered until the send queue has passed them (fault 2).
-                    Ok(Received::PeerRxRegistered { len, resized }) => {
+                    // docs/protocol.md §2: the TX buffer follows the peer's RX buffer; it
+                    // is made on the next write. Writes from an old one may still be in
+                    // flight: the endpoint keeps it registered until the send queue has
+                    // passed them (fault 2).
+                    Ok(Received::PeerRxRegistered { len, .. }) => {
                         stats::add(&STATS.rx_registrations_received, 1);
-                        match inner.ep.as_mut() {
-                            Some(ep) if resized => {
-                                ep.ensure_tx(len).or_else(|e| inner.core.on_local_error(e.op.name(), e.errno))
-                            }
-                            _ => Ok(()),
+                        if let Some(ep) = inner.ep.as_mut() {
+                            ep.set_tx_len(len);
                         }
+                        Ok(())
                     }
                     Ok(Received::Keepalive) => {
                         stats::add(&STATS.keepalives_received, 1);
@@ -253,6 +271,12 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
 /// The keepalive tick (docs/protocol.md §5).
 pub(crate) fn keepalive(c: &HostedConn) {
     let mut g = c.inner.lock();
+    // First: the previous tick's Keepalive has completed, and with it every write before
+    // it; a connection that wrote nothing since gives its TX buffer back.
+    if let Some(ep) = g.ep.as_mut() {
+        let freed = ep.release_idle_tx();
+        stats::add(&STATS.tx_buffers_released, u64::from(freed > 0));
+    }
     g.core.keepalive_tick();
     let failed = g.flush_control();
     publish(c, &g, failed);
@@ -389,10 +413,10 @@ pub(crate) fn teardown(c: &HostedConn) {
 }
 
 /// Points the rdma_cm id's context at the connection, so that its CM events find it.
-/// For INFO: (pinned bytes, the peer's RX window) of a live connection.
-pub(crate) fn footprint(c: &HostedConn) -> (u64, u64) {
+/// For INFO: (pinned bytes, the peer's RX window, our RX window) of a live connection.
+pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
     let g = c.inner.lock();
-    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes()), g.core.tx().len().into())
+    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes()), g.core.tx().len().into(), g.core.rx().len().into())
 }
 
 pub(crate) fn set_cm_context(c: &HostedConn) {

@@ -246,8 +246,10 @@ fn accept_one(id: CmId) {
         return super::log_limited(&format!("RDMA: client {peer:?} refused: {e}"));
     }
     let g = global();
-    let cfg =
-        EndpointConfig { rx_size: g.settings.rx_size, comp_vector: g.settings.comp_vector, reject_on_failure: true };
+    // Every connection starts with a small RX buffer and grows it, up to rdma-rx-size,
+    // when the client fills it (docs/protocol.md §4.3): an idle connection pins little.
+    let initial_rx = g.settings.rx_size.min(crate::protocol::MIN_RX_SIZE);
+    let cfg = EndpointConfig { rx_size: initial_rx, comp_vector: g.settings.comp_vector, reject_on_failure: true };
     let ep = match Endpoint::new(id, &cfg) {
         Ok(ep) => ep,
         Err(e) => {
@@ -264,7 +266,7 @@ fn accept_one(id: CmId) {
         }
     };
     let fd = ep.comp_fd();
-    let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep));
+    let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep, g.settings.rx_size));
     connection::set_cm_context(&c);
     if let Err(e) = connection::accept_cm(&c, ACCEPT_PARAMS) {
         stats::rejected(Rejected::Accept);

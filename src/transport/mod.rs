@@ -205,12 +205,15 @@ impl Transport for RdmaConnection {
         let live = live::snapshot();
         let mut pinned = 0;
         let mut windows: Option<(u64, u64)> = None;
+        let mut rx_windows: Option<(u64, u64)> = None;
+        let span = |acc: Option<(u64, u64)>, w: u64| Some(acc.map_or((w, w), |(lo, hi)| (lo.min(w), hi.max(w))));
         for c in &live {
-            let (p, w) = connection::footprint(c);
+            let (p, w, r) = connection::footprint(c);
             pinned += p;
             if w > 0 {
-                windows = Some(windows.map_or((w, w), |(lo, hi)| (lo.min(w), hi.max(w))));
+                windows = span(windows, w);
             }
+            rx_windows = span(rx_windows, r);
         }
         stats::fields(&stats::Now {
             listeners: listener::listening_count() as u64,
@@ -219,6 +222,7 @@ impl Transport for RdmaConnection {
             pinned_bytes: pinned,
             rx_size: GLOBAL.get().map_or(0, |g| g.settings.rx_size.into()),
             peer_windows: windows,
+            rx_windows,
         })
     }
 }

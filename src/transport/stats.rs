@@ -39,6 +39,8 @@ pub(crate) struct Stats {
     pub(crate) wakeups: AtomicU64,
     pub(crate) completions: AtomicU64,
     pub(crate) budget_hits: AtomicU64,
+    pub(crate) rx_grown: AtomicU64,
+    pub(crate) tx_buffers_released: AtomicU64,
     violations: [AtomicU64; 5],
     pub(crate) work_request_errors: AtomicU64,
     pub(crate) local_errors: AtomicU64,
@@ -62,6 +64,8 @@ pub(crate) static STATS: Stats = Stats {
     wakeups: ZERO,
     completions: ZERO,
     budget_hits: ZERO,
+    rx_grown: ZERO,
+    tx_buffers_released: ZERO,
     violations: [ZERO; 5],
     work_request_errors: ZERO,
     local_errors: ZERO,
@@ -95,6 +99,8 @@ pub(crate) struct Now {
     pub(crate) rx_size: u64,
     /// (min, max) of the RX windows the clients registered (our TX windows).
     pub(crate) peer_windows: Option<(u64, u64)>,
+    /// (min, max) of our RX windows now (they grow from 64 KiB up to `rx_size`).
+    pub(crate) rx_windows: Option<(u64, u64)>,
 }
 
 /// The fields of `INFO rdma`, in order (names documented in the README).
@@ -102,6 +108,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
     let s = &STATS;
     let get = |c: &AtomicU64| c.load(Relaxed);
     let (wmin, wmax) = now.peer_windows.unwrap_or((0, 0));
+    let (rmin, rmax) = now.rx_windows.unwrap_or((0, 0));
     let wakeups = get(&s.wakeups);
     let completions = get(&s.completions);
     vec![
@@ -124,6 +131,9 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("rx_registrations_sent", get(&s.rx_registrations_sent)),
         Field::Num("rx_registrations_received", get(&s.rx_registrations_received)),
         Field::Num("rx_window_bytes", now.rx_size),
+        Field::Num("rx_window_min_bytes", rmin),
+        Field::Num("rx_window_max_bytes", rmax),
+        Field::Num("rx_windows_grown", get(&s.rx_grown)),
         Field::Num("peer_rx_window_min_bytes", wmin),
         Field::Num("peer_rx_window_max_bytes", wmax),
         Field::Num("keepalives_sent", get(&s.keepalives_sent)),
@@ -147,6 +157,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
                 ("other", get(&s.cm_ends[CmEnd::Other as usize])),
             ],
         ),
+        Field::Num("tx_buffers_released", get(&s.tx_buffers_released)),
         Field::Num("pinned_bytes", now.pinned_bytes),
     ]
 }

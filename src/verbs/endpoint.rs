@@ -60,6 +60,11 @@ pub struct Endpoint {
     /// TX buffers replaced while writes from them may be in flight, each with the
     /// number of send work requests posted before it was replaced.
     retired_tx: Vec<(PinnedBuffer, *mut ibv_mr, u64)>,
+    /// The TX buffer's size when made on demand ([`set_tx_len`](Endpoint::set_tx_len)):
+    /// the peer's RX buffer.
+    tx_len_wanted: u32,
+    /// Data writes posted since the last [`release_idle_tx`](Endpoint::release_idle_tx).
+    writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
     /// Work requests posted to / known completed on the send queue. An RC send queue
     /// completes in order, so a signalled completion also completes all before it.
@@ -113,6 +118,8 @@ impl Endpoint {
             tx_buf: None,
             tx_mr: std::ptr::null_mut(),
             retired_tx: Vec::new(),
+            tx_len_wanted: 0,
+            writes_since_idle_check: 0,
             free_tx_slots: (0..TX_SLOTS as u16).rev().collect(),
             sq_posted: 0,
             sq_completed: 0,
@@ -322,6 +329,55 @@ impl Endpoint {
         Ok(())
     }
 
+    /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
+    /// write (on demand: a connection that only reads pins none). One that is too small
+    /// is retired now, as in [`ensure_tx`](Self::ensure_tx).
+    pub fn set_tx_len(&mut self, len: u32) {
+        self.tx_len_wanted = len;
+        if self.tx_buf.as_ref().is_some_and(|b| b.len() < len as usize) {
+            if let Some(old) = self.tx_buf.take() {
+                self.retired_tx.push((old, std::mem::replace(&mut self.tx_mr, std::ptr::null_mut()), self.sq_posted));
+            }
+            self.free_retired_tx();
+        }
+    }
+
+    /// Frees the TX buffer of a connection that posted no data write since the last
+    /// call and whose send queue has completed everything (so the NIC reads none of
+    /// it); the next write makes a new one. Called on every keepalive tick *before*
+    /// the Keepalive is posted, so the previous tick's signalled Keepalive has told us
+    /// that the writes before it completed: an idle connection's TX buffer goes after
+    /// two ticks. Returns the bytes given back.
+    pub fn release_idle_tx(&mut self) -> u64 {
+        let idle = self.writes_since_idle_check == 0;
+        self.writes_since_idle_check = 0;
+        self.free_retired_tx();
+        if !idle || self.sq_completed < self.sq_posted || self.tx_len_wanted == 0 {
+            return 0;
+        }
+        let n = self.tx_buf.as_ref().map_or(0, |b| b.len() as u64);
+        if n > 0 {
+            self.release_tx();
+        }
+        n
+    }
+
+    /// Replaces the RX buffer with a new one of `len` bytes (the adaptive RX window,
+    /// docs/protocol.md §4.3). Only at a hand-back: the peer filled the old buffer
+    /// completely and waits for the RegisterXferMemory naming the new one, so no write
+    /// of its can still target the old one, which is freed here.
+    pub fn replace_rx(&mut self, len: u32) -> Result<()> {
+        let buf = PinnedBuffer::new(len as usize)?;
+        // SAFETY: the buffer is live and owned by self from here on (below).
+        let mr = unsafe { self.register(buf.as_ptr(), len as usize, remote_access())? };
+        let old_mr = std::mem::replace(&mut self.rx_mr, mr);
+        let old_buf = std::mem::replace(&mut self.rx_buf, buf);
+        // SAFETY: per the doc comment, nothing reads or writes the old region any more.
+        unsafe { (loaded().ibv_dereg_mr)(old_mr) };
+        drop(old_buf);
+        Ok(())
+    }
+
     /// Frees the retired TX buffers whose writes have all completed.
     fn free_retired_tx(&mut self) {
         let done = self.sq_completed;
@@ -370,6 +426,10 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let total = len as usize;
+        if self.tx_buf.is_none() && self.tx_len_wanted > 0 {
+            self.ensure_tx(self.tx_len_wanted)?;
+        }
+        self.writes_since_idle_check += 1;
         let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let mut at = offset as usize;
         let end = at + total;

@@ -176,14 +176,14 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     expect_moved rx_registrations_received "${b[rx_registrations_received]}" "${a[rx_registrations_received]}" 4 || return 1
     expect_moved "cm_disconnects disconnected" "${b[disc]}" "${a[disc]}" 4 || return 1
     [ $(( a[total_rdma_writes_in] - b[total_rdma_writes_in] )) -ge $((3 + (n + 65535) / 65536)) ] || { fail "total_rdma_writes_in moved too little"; return 1; }
-    # an idle connection: its pinned memory (control slots 64 KiB + RX 64 KiB + TX the size of
-    # the client's 1 MiB RX buffer) and its window; the Keepalives it receives are counted
+    # an idle connection: its pinned memory (control slots 64 KiB + RX 64 KiB; no TX buffer:
+    # nothing was written to it yet) and its window; the Keepalives it receives are counted
     b[keepalives_sent]=$(rdma_info keepalives_sent)
     timeout 30 "$RDMA_CLI" "${r[@]}" --probe 4 > "$WORK/info-probe.out" 2>&1 &
     local pp=$!
     sleep 2
     expect_eq "connected_clients, one idle" "$(rdma_info connected_clients)" 1 || return 1
-    expect_eq "pinned_bytes of one idle connection" "$(rdma_info pinned_bytes)" $((65536 + 65536 + 1048576)) || return 1
+    expect_eq "pinned_bytes of one idle connection" "$(rdma_info pinned_bytes)" $((65536 + 65536)) || return 1
     expect_eq "peer_rx_window_max_bytes" "$(rdma_info peer_rx_window_max_bytes)" 1048576 || return 1
     wait $pp; cat "$WORK/info-probe.out"
     local got; got=$(sed -n 's/.*keepalives=\([0-9]*\).*/\1/p' "$WORK/info-probe.out")
@@ -207,6 +207,54 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     server_alive
 }
 run_case "ours INFO rdma: counters move by known amounts" case_info_counters
+
+# Pinned memory per idle connection (one that was used, then left idle, as in a client
+# pool), ours against the C module on the same server binary: our RX buffer starts at
+# 64 KiB and grows only for a client that fills it (docs/protocol.md §4.3); our TX buffer
+# exists while there are writes and goes back after two idle keepalive ticks.
+case_idle_pinned() {
+    local n=10 impl mod per=() i
+    head -c 300000 /dev/urandom | base64 -w0 > "$WORK/idle-value.txt"
+    for impl in c ours; do
+        mod=$OUR_MODULE; [ $impl = c ] && mod=$VALKEY_912/src/valkey-rdma.so
+        start_server "idle-$impl" "$VALKEY_912/src/valkey-server" --loadmodule "$mod" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+        expect_eq "SET of 400 KB over TCP" "$("$CLI912" -h 127.0.0.1 -p "$PORT" -x SET v < "$WORK/idle-value.txt")" OK || return 1
+        local pin0; pin0=$(sed -n 's/^VmPin:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$SERVER_PID/status")
+        local pids=()
+        for i in $(seq 1 $n); do
+            timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --then-idle 16 GET v > "$WORK/idle-$impl-$i.out" 2>&1 &
+            pids+=($!)
+        done
+        sleep 12   # the replies went out; then at least two keepalive ticks without a write
+        local pin; pin=$(sed -n 's/^VmPin:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$SERVER_PID/status")
+        per+=($(( (pin - pin0) / n )))
+        echo "# $impl: $n idle connections (each got a 400 KB reply first) pin $((pin - pin0)) KiB, $(( (pin - pin0) / n )) KiB each"
+        [ $impl = ours ] && "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | grep -E "pinned|rx_window|tx_buffers|connected" | sed 's/^/# /'
+        for i in "${pids[@]}"; do wait "$i"; done
+        for i in $(seq 1 $n); do
+            [ "$(md5sum < "$WORK/idle-$impl-$i.out" | cut -d' ' -f1)" = "$( (cat "$WORK/idle-value.txt"; echo) | md5sum | cut -d' ' -f1)" ] || { fail "$impl: reply $i differs"; return 1; }
+        done
+        stop_all_servers
+    done
+    echo "# pinned memory per idle connection, ours/C: ${per[1]} / ${per[0]} KiB"
+    [ "${per[0]}" -gt 0 ] && [ $(( per[1] * 10 )) -le "${per[0]}" ] || { fail "ours pins more than a tenth of the C module per idle connection"; return 1; }
+}
+run_case "ours pinned memory per idle connection at most 0.1 of the C module's" case_idle_pinned
+
+case_rx_window_grows() {  # a client that sends a lot gets a larger RX buffer, bytes intact
+    start_server rxgrow "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    head -c 3000000 /dev/urandom | base64 -w0 > "$WORK/grow-value.txt"
+    expect_eq "SET of 4 MB over RDMA" "$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" -x SET g < "$WORK/grow-value.txt")" OK || return 1
+    expect_eq "the value over TCP" "$("$CLI912" -h 127.0.0.1 -p "$PORT" GET g | md5sum)" "$( (cat "$WORK/grow-value.txt"; echo) | md5sum)" || return 1
+    local grown; grown=$(rdma_info rx_windows_grown)
+    echo "# RX buffer grown $grown times (64 KiB -> 256 KiB -> 1 MiB)"
+    expect_eq "rx_windows_grown" "$grown" 2 || return 1
+    expect_eq "through valkey-cli --rdma (libvalkey) too" "$(timeout 60 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -x SET g2 < "$WORK/grow-value.txt")" OK || return 1
+    expect_eq "its value" "$("$CLI912" -h 127.0.0.1 -p "$PORT" GET g2 | md5sum)" "$( (cat "$WORK/grow-value.txt"; echo) | md5sum)" || return 1
+    expect_eq "rx_windows_grown after libvalkey's" "$(rdma_info rx_windows_grown)" 4 || return 1
+    server_alive
+}
+run_case "ours adaptive RX window: grows for a client that fills it, with our client and libvalkey" case_rx_window_grows
 
 case_doctor() {  # valkey-rdma-cli doctor where RDMA works: no FAIL, exit 0; a wrong address FAILs with the fix
     local out rc
