@@ -15,7 +15,7 @@ use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Rece
 use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::{ConnState, ServerHandler};
-use crate::verbs::{Completion, Endpoint};
+use crate::verbs::{Completion, Endpoint, VerbsOp};
 
 /// Completions handled per connection per wake-up (fault of review: a peer sending
 /// Keepalives or empty writes as fast as it can kept the main thread in its drain).
@@ -109,7 +109,15 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
             Failure::WorkRequest { .. } => stats::add(&STATS.work_request_errors, 1),
             Failure::Local { .. } => stats::add(&STATS.local_errors, 1),
         }
-        log_limited(&format!("RDMA client {}: {f}; closing the connection", c.inner.peer_name()));
+        // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
+        // buffer made after the connection was accepted): say what to do.
+        let hint = match &f {
+            Failure::Local { call, errno: libc::ENOMEM } if *call == VerbsOp::RegMr.name() => {
+                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)"
+            }
+            _ => "",
+        };
+        log_limited(&format!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
     }
 }
 

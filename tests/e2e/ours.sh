@@ -301,12 +301,13 @@ case_stock_server() {  # SERVER: a stock binary we were not built with serves rd
 
 case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint, the server lives on
     # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it so the limit applies.
-    printf '#!/bin/bash\nulimit -l 512\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock-server"
+    # 64 KiB: not even a new connection's control slots and 64 KiB RX buffer fit
+    printf '#!/bin/bash\nulimit -l 64\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock-server"
     chmod +x "$WORK/memlock-server"
     start_server memlock "$WORK/memlock-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING > /dev/null 2>&1
     grep "ulimit -l" "$SERVER_LOG" | sed 's/^/# log: /'
-    grep -q "RDMA: memlock: the locked-memory limit (ulimit -l) is 512 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
+    grep -q "RDMA: memlock: the locked-memory limit (ulimit -l) is 64 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
     grep -q "refused.*ulimit -l" "$SERVER_LOG" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
     expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=1,accept=0,migrate=0" || return 1
     expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1
@@ -471,10 +472,11 @@ run_case "ours ./runtest-rdma --demo exits 0 when it worked, 1 when it did not" 
 case_endpoint_build_fails() {  # a connect request whose buffers cannot be made: rejected at once, nothing kept
     start_server nomap "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --rdma-rx-size 16777216 || return 1
     expect_eq "a client before" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
-    # Cap the server's address space a little above what it maps now: the next client's
-    # 16 MiB RX buffer cannot be mapped (mmap fails with ENOMEM).
+    # Cap the server's address space just above what it maps now: the next client's
+    # control slots (64 KiB and two guard pages, the first buffer it makes) cannot be
+    # mapped (mmap fails with ENOMEM).
     local vm; vm=$(awk '/^VmSize:/ {print $2}' "/proc/$SERVER_PID/status")
-    prlimit --pid "$SERVER_PID" --as=$(( (vm + 4096) * 1024 )) || { fail "prlimit"; return 1; }
+    prlimit --pid "$SERVER_PID" --as=$(( (vm + 16) * 1024 )) || { fail "prlimit"; return 1; }
     local t0 t1 out
     t0=$(date +%s%N)
     out=$(timeout 60 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
