@@ -17,7 +17,7 @@ pub mod resp;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::protocol::conn::{Conn, Failure, ReadError, Received, RxBuffer, State, WriteError};
+use crate::protocol::conn::{Conn, Failure, ReadError, Received, State, WriteError};
 use crate::protocol::session::Role;
 use crate::protocol::{ControlMessage, Violation, DEFAULT_RX_SIZE};
 use crate::verbs::{self, CmId, Completion, ConnParams, Endpoint, EndpointConfig, EventChannel, VerbsError};
@@ -39,6 +39,11 @@ pub enum ClientError {
     /// The server's bytes are not RESP (what the parser could not read).
     Resp(String),
     Verbs(VerbsError),
+    /// An earlier local verbs call failed and ended the connection (which call, errno).
+    Local {
+        call: &'static str,
+        errno: i32,
+    },
 }
 
 impl std::fmt::Display for ClientError {
@@ -51,6 +56,9 @@ impl std::fmt::Display for ClientError {
             ClientError::Protocol(v) => write!(f, "protocol error: {v}"),
             ClientError::Resp(s) => write!(f, "not a RESP reply: {s}"),
             ClientError::Verbs(e) => write!(f, "{e}"),
+            ClientError::Local { call, errno } => {
+                write!(f, "{call} failed: {}", std::io::Error::from_raw_os_error(*errno))
+            }
         }
     }
 }
@@ -69,7 +77,7 @@ impl From<Failure> for ClientError {
             Failure::Protocol(v) => ClientError::Protocol(v),
             // a work request failing with the server there: it dropped the connection
             Failure::WorkRequest { .. } => ClientError::PeerGone,
-            Failure::Local { errno, .. } => ClientError::Verbs(VerbsError::with(verbs::VerbsOp::PostSend, errno)),
+            Failure::Local { call, errno } => ClientError::Local { call, errno },
         }
     }
 }
@@ -132,7 +140,7 @@ impl RdmaStream {
         )?;
         ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
         expect_event(&channel, Expect::Established, deadline, &addr)?;
-        let core = Conn::new(Role::Client, RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() });
+        let core = Conn::new(Role::Client, ep.rx_region());
         let mut s = RdmaStream {
             ep,
             channel,

@@ -139,38 +139,32 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
         };
     }
     // One table for the life of the process (the server keeps the pointer).
+    fn leak<C>(table: C) -> *const c_void {
+        (Box::leak(Box::new(table)) as *const C).cast()
+    }
     let table: *const c_void = match abi {
-        Abi::V8_1 => {
-            let table: ConnectionType81 =
-                table!(get_type_81, connect_81, Tail81 { get_peer_cert: None, conn_integrity_checked: None });
-            let t: &'static ConnectionType81 = Box::leak(Box::new(table));
-            (t as *const ConnectionType81).cast()
-        }
-        Abi::V9_1_0 => {
-            let table: ConnectionType910 = table!(
-                get_type_9,
-                connect_9,
-                Tail910 { get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None }
-            );
-            let t: &'static ConnectionType910 = Box::leak(Box::new(table));
-            (t as *const ConnectionType910).cast()
-        }
+        Abi::V8_1 => leak::<ConnectionType81>(table!(
+            get_type_81,
+            connect_81,
+            Tail81 { get_peer_cert: None, conn_integrity_checked: None }
+        )),
+        Abi::V9_1_0 => leak::<ConnectionType910>(table!(
+            get_type_9,
+            connect_9,
+            Tail910 { get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None }
+        )),
         // `sync_handlers_in_update_state = 0`: our `update_state` only queues work for
         // `process_pending_data`, it never runs handlers itself.
-        Abi::V9_1_2 => {
-            let table: ConnectionType912 = table!(
-                get_type_9,
-                connect_9,
-                Tail912 {
-                    sync_handlers_in_update_state: 0,
-                    get_peer_cert: None,
-                    get_peer_user: None,
-                    conn_integrity_checked: None
-                }
-            );
-            let t: &'static ConnectionType912 = Box::leak(Box::new(table));
-            (t as *const ConnectionType912).cast()
-        }
+        Abi::V9_1_2 => leak::<ConnectionType912>(table!(
+            get_type_9,
+            connect_9,
+            Tail912 {
+                sync_handlers_in_update_state: 0,
+                get_peer_cert: None,
+                get_peer_user: None,
+                conn_integrity_checked: None
+            }
+        )),
     };
     if REGISTERED.set(Registered { abi, table: table as usize }).is_err() {
         return Err("the rdma connection type is registered already".into());

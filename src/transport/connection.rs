@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::stats::{self, STATS};
 use super::{live, log_limited, pending, HostedConn};
-use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, Step};
+use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
 use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::{ConnState, ServerHandler};
@@ -63,7 +63,7 @@ impl RdmaConnection {
     /// `rx_cap`: the largest RX buffer the connection may grow to (`rdma-rx-size`); the
     /// endpoint's buffer is where it starts.
     pub(crate) fn new(ep: Endpoint, rx_cap: u32) -> RdmaConnection {
-        let mut core = Conn::new(Role::Server, RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() });
+        let mut core = Conn::new(Role::Server, ep.rx_region());
         core.set_rx_cap(rx_cap);
         let (peer, local) = (ep.id().peer_addr(), ep.id().local_addr());
         RdmaConnection {
@@ -117,7 +117,7 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
             }
             _ => "",
         };
-        log_limited(&format!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
+        log_limited(format_args!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
     }
 }
 
@@ -126,22 +126,21 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
 pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let mut g = c.inner.lock();
     let inner = &mut *g;
+    let ep = inner.ep.as_mut()?;
     let range = inner.core.read(buf.len()).ok()?;
-    let ep = inner.ep.as_ref()?;
     buf[..range.len()].copy_from_slice(&ep.rx_bytes()[range.clone()]);
     // A full buffer was consumed and the client wants more room: a larger one goes with
     // the hand-back (adaptive RX window, docs/protocol.md §4.3).
     if let Some(len) = inner.core.rx_regrow_wanted() {
-        let new = match inner.ep.as_mut().map(|ep| ep.replace_rx(len).map(|()| ep)) {
-            Some(Ok(ep)) => {
+        let new = match ep.replace_rx(len) {
+            Ok(()) => {
                 stats::add(&STATS.rx_grown, 1);
-                Some(RxBuffer { addr: ep.rx_addr(), len: ep.rx_len(), key: ep.rx_key() })
+                Some(ep.rx_region())
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 log::debug!("RDMA client {}: RX buffer not grown to {len}: {e}", c.inner.peer_name());
                 None
             }
-            None => None,
         };
         inner.core.rx_replaced(new);
     }

@@ -243,7 +243,7 @@ fn accept_one(id: CmId) {
     };
     if let Err(e) = id.migrate(conn_channel) {
         stats::rejected(Rejected::Migrate);
-        return super::log_limited(&format!("RDMA: client {peer:?} refused: {e}"));
+        return super::log_limited(format_args!("RDMA: client {peer:?} refused: {e}"));
     }
     let g = global();
     // Every connection starts with a small RX buffer and grows it, up to rdma-rx-size,
@@ -259,7 +259,7 @@ fn accept_one(id: CmId) {
             } else {
                 ""
             };
-            return super::log_limited(&format!(
+            return super::log_limited(format_args!(
                 "RDMA: client {} refused: {e}{hint}",
                 peer.map_or("?".into(), |p| p.to_string())
             ));
@@ -270,13 +270,13 @@ fn accept_one(id: CmId) {
     connection::set_cm_context(&c);
     if let Err(e) = connection::accept_cm(&c, ACCEPT_PARAMS) {
         stats::rejected(Rejected::Accept);
-        super::log_limited(&format!("RDMA: client {} refused: {e}", c.inner.peer_name()));
+        super::log_limited(format_args!("RDMA: client {} refused: {e}", c.inner.peer_name()));
         connection::teardown(&c);
         return;
     }
     if !crate::server::watch_fd::<RdmaConnection>(fd, c.key()) {
         stats::rejected(Rejected::Accept);
-        super::log_limited(&format!(
+        super::log_limited(format_args!(
             "RDMA: client {} refused: cannot watch its completion channel",
             c.inner.peer_name()
         ));

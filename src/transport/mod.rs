@@ -116,7 +116,7 @@ static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit { second: None, lines: 0
 
 /// Logs a per-connection warning, rate-limited; the next line that gets through says
 /// how many were left out.
-pub(crate) fn log_limited(msg: &str) {
+pub(crate) fn log_limited(msg: std::fmt::Arguments) {
     let mut l = lock(&LOG_LIMIT);
     let now = Instant::now();
     if l.second.is_none_or(|s| now.duration_since(s).as_secs() >= 1) {

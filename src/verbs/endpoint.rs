@@ -10,6 +10,7 @@ use rdma_sys::*;
 
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
 use super::{Result, VerbsError, VerbsOp};
+use crate::protocol::conn::RxBuffer;
 use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN, MAX_WQE};
 
 /// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
@@ -230,6 +231,10 @@ impl Endpoint {
     pub fn rx_len(&self) -> u32 {
         // SAFETY: as above.
         unsafe { (*self.rx_mr).length as u32 }
+    }
+    /// Where the RX buffer is, as RegisterXferMemory names it.
+    pub fn rx_region(&self) -> RxBuffer {
+        RxBuffer { addr: self.rx_addr(), len: self.rx_len(), key: self.rx_key() }
     }
     /// The RX buffer's bytes. Only the range the protocol reports as written is
     /// meaningful; the NIC writes elsewhere only beyond it.

@@ -197,40 +197,32 @@ impl CmId {
         // SAFETY: both live; all events of this id were acked before (see CmEvent).
         check(unsafe { (loaded().rdma_migrate_id)(self.as_ptr(), channel.as_ptr()) }, VerbsOp::MigrateId)
     }
-    pub fn set_afonly(&self) -> Result<()> {
-        let mut one: i32 = 1;
-        // SAFETY: the option value is a live int of the size passed.
+    /// `rdma_set_option(RDMA_OPTION_ID, name, value)`.
+    fn set_option<T: Copy>(&self, name: i32, value: T) -> Result<()> {
+        let mut v = value;
+        // SAFETY: the option value is a live `T` of the size passed; the id is live.
         check(
             unsafe {
                 (loaded().rdma_set_option)(
                     self.as_ptr(),
                     RDMA_OPTION_LEVEL_ID,
-                    RDMA_OPTION_ID_AFONLY,
-                    (&mut one as *mut i32).cast(),
-                    std::mem::size_of::<i32>(),
+                    name,
+                    (&mut v as *mut T).cast(),
+                    std::mem::size_of::<T>(),
                 )
             },
             VerbsOp::SetOption,
         )
     }
+    /// IPv6 only (like IPV6_V6ONLY), so that `::` and `0.0.0.0` can both listen.
+    pub fn set_afonly(&self) -> Result<()> {
+        self.set_option(RDMA_OPTION_ID_AFONLY, 1i32)
+    }
     /// The QP's local ACK timeout, 4.096 µs × 2^`exp` per try (IBTA; the QP gives up
     /// after its retry count). Set before `rdma_accept`/`rdma_connect`: it is applied when
     /// the QP moves to RTS. Without it rdma_cm derives one from the path record.
     pub fn set_ack_timeout(&self, exp: u8) -> Result<()> {
-        let mut v = exp;
-        // SAFETY: the option value is a live u8 of the size passed.
-        check(
-            unsafe {
-                (loaded().rdma_set_option)(
-                    self.as_ptr(),
-                    RDMA_OPTION_LEVEL_ID,
-                    RDMA_OPTION_ID_ACK_TIMEOUT,
-                    (&mut v as *mut u8).cast(),
-                    std::mem::size_of::<u8>(),
-                )
-            },
-            VerbsOp::SetOption,
-        )
+        self.set_option(RDMA_OPTION_ID_ACK_TIMEOUT, exp)
     }
     pub fn bind(&self, addr: &std::net::SocketAddr) -> Result<()> {
         let mut sa = SockAddr::from(addr);
