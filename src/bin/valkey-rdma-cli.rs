@@ -1,8 +1,8 @@
 //! valkey-rdma-cli: send one command to a Valkey server over RDMA and print the reply
 //! as valkey-cli does.
 //!
-//!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
-//!   valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
 //!   valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS   (features, keepalives)
 //!   valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]
@@ -10,17 +10,20 @@
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
+use rdma::client::cluster::ClusterClient;
 use rdma::client::{hostile, resp, Client, Options, Reply};
 
 fn usage() -> ! {
-    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
-    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS");
+    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
+    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
     eprintln!("       valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]");
     eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
     eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory for N clients,");
     eprintln!("          bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
+    eprintln!("  -c      cluster mode: HOST:PORT is a seed; each command goes to the node serving its key,");
+    eprintln!("          following MOVED/ASK redirections (every node must listen for RDMA on its own port)");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
     eprintln!("  --then-idle SECS  keep the connection open, idle, for SECS after the reply (a pooled client)");
@@ -67,6 +70,7 @@ fn main() {
     let mut opts = Options::default();
     let mut probe = None;
     let mut pipeline = false;
+    let mut cluster = false;
     let mut then_idle = 0f64;
     let mut raw = !std::io::stdout().is_terminal();
     let mut words: Vec<Vec<u8>> = Vec::new();
@@ -76,6 +80,7 @@ fn main() {
             "-h" if words.is_empty() => host = args.next().unwrap_or_else(|| usage()),
             "-p" if words.is_empty() => port = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
             "-x" if words.is_empty() => stdin_arg = true,
+            "-c" if words.is_empty() => cluster = true,
             "-t" if words.is_empty() => {
                 opts.timeout =
                     Duration::from_secs_f64(args.next().and_then(|t| t.parse().ok()).unwrap_or_else(|| usage()))
@@ -93,6 +98,9 @@ fn main() {
             _ => words.push(a.into_bytes()),
         }
     }
+    if cluster && then_idle > 0.0 {
+        usage(); // --then-idle keeps one connection open: a single-node measurement
+    }
     let addr = format!("{host}:{port}");
     if let Some(case) = hostile_case {
         match hostile::run(&case, &addr, Duration::from_secs(hold)) {
@@ -108,7 +116,7 @@ fn main() {
         return run_probe(&addr, opts, Duration::from_secs_f64(secs));
     }
     if pipeline {
-        return run_pipeline(&addr, opts, raw);
+        return run_pipeline(&addr, opts, cluster, raw);
     }
     if stdin_arg {
         let mut v = Vec::new();
@@ -118,23 +126,58 @@ fn main() {
     if words.is_empty() {
         usage();
     }
-    let mut client = Client::connect(addr.as_str(), opts).unwrap_or_else(|e| {
-        eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
-        std::process::exit(1)
-    });
+    let mut client = Target::connect(&addr, opts, cluster);
     let argv: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
     let reply = client.command(&argv).unwrap_or_else(|e| {
         eprintln!("Error: {e}");
         std::process::exit(1)
     });
     print_reply(&reply, raw, &mut std::io::stdout().lock());
-    if then_idle > 0.0 {
+    if let (Target::Node(client), true) = (&mut client, then_idle > 0.0) {
         // a pooled client: the connection stays open, idle, after its command
         let _ = std::io::stdout().flush();
         if let Err(e) = client.stream().settle(Duration::from_secs_f64(then_idle)) {
             eprintln!("Error while idle: {e}");
             std::process::exit(1)
         }
+    }
+}
+
+/// Where commands go: one server, or with `-c` a cluster seeded by HOST:PORT. The
+/// printing does not care which.
+// One value for the whole run: the size difference of its variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Target {
+    Node(Client),
+    Cluster(ClusterClient),
+}
+
+impl Target {
+    /// Connects, or exits with valkey-cli's message.
+    fn connect(addr: &str, opts: Options, cluster: bool) -> Target {
+        let connected: Result<Target, Box<dyn std::error::Error>> = if cluster {
+            ClusterClient::connect(&[addr.to_string()], opts).map(Target::Cluster).map_err(Into::into)
+        } else {
+            Client::connect(addr, opts).map(Target::Node).map_err(Into::into)
+        };
+        connected.unwrap_or_else(|e| {
+            eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
+            std::process::exit(1)
+        })
+    }
+
+    fn command(&mut self, argv: &[&[u8]]) -> Result<Reply, Box<dyn std::error::Error>> {
+        Ok(match self {
+            Target::Node(c) => c.command(argv)?,
+            Target::Cluster(c) => c.command(argv)?,
+        })
+    }
+
+    fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, Box<dyn std::error::Error>> {
+        Ok(match self {
+            Target::Node(c) => c.pipeline(cmds)?,
+            Target::Cluster(c) => c.pipeline(cmds)?,
+        })
     }
 }
 
@@ -149,8 +192,9 @@ fn print_reply(reply: &Reply, raw: bool, out: &mut impl Write) {
 }
 
 /// `--pipeline`: every line of standard input is a command; all go out in one write and
-/// the replies are read back in order (the shape of a pipelining client).
-fn run_pipeline(addr: &str, opts: Options, raw: bool) {
+/// the replies are read back in order (the shape of a pipelining client). With `-c`, one
+/// pipeline per node, the replies still in input order.
+fn run_pipeline(addr: &str, opts: Options, cluster: bool, raw: bool) {
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input).expect("reading standard input");
     let lines: Vec<Vec<&[u8]>> = input
@@ -158,10 +202,7 @@ fn run_pipeline(addr: &str, opts: Options, raw: bool) {
         .map(|l| l.split_whitespace().map(str::as_bytes).collect::<Vec<_>>())
         .filter(|w| !w.is_empty())
         .collect();
-    let mut client = Client::connect(addr, opts).unwrap_or_else(|e| {
-        eprintln!("Could not connect to Valkey at {addr} over RDMA: {e}");
-        std::process::exit(1)
-    });
+    let mut client = Target::connect(addr, opts, cluster);
     let replies = client.pipeline(&lines).unwrap_or_else(|e| {
         eprintln!("Error: {e}");
         std::process::exit(1)

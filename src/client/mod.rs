@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod cluster;
 pub mod hostile;
 pub mod resp;
 
@@ -76,7 +77,7 @@ impl From<Failure> for ClientError {
         match f {
             Failure::Protocol(v) => ClientError::Protocol(v),
             // a work request failing with the server there: it dropped the connection
-            Failure::WorkRequest { .. } => ClientError::PeerGone,
+            Failure::WorkRequest { .. } | Failure::PeerSilent { .. } => ClientError::PeerGone,
             Failure::Local { call, errno } => ClientError::Local { call, errno },
         }
     }
