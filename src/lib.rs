@@ -59,6 +59,7 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
     if !ctx.at_startup() {
         return Err("load this module at start-up (loadmodule in valkey.conf or --loadmodule): a connection type cannot be added or removed while the server runs".into());
     }
+    transport::knobs::init_from_env().map_err(|e| e.to_string())?;
     server::symbols::resolve()?;
     verbs::lib().map_err(|e| e.to_string())?;
     let args = config::parse_module_args(&ctx.args).map_err(|e| e.to_string())?;
@@ -73,10 +74,10 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
         options |= raw::VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
     }
     ctx.set_module_options(options);
-    // VALKEY_RDMA_TEST_UNKNOWN_EVENT_LOOP: the end-to-end suite's way to reach the case
-    // where server.el is not found at load (a server layout we cannot read), in which
-    // listeners closed before the first accept must stay open (review fault 6).
-    let skip_find = std::env::var_os("VALKEY_RDMA_TEST_UNKNOWN_EVENT_LOOP").is_some();
+    // The knob is the end-to-end suite's way to reach the case where server.el is not
+    // found at load (a server layout we cannot read), in which listeners closed before
+    // the first accept must stay open (review fault 6).
+    let skip_find = transport::knobs::value(transport::knobs::Knob::UnknownEventLoop).is_some();
     if skip_find || !server::symbols::find_event_loop(abi, maxclients) {
         log::debug!("RDMA: server.el not found yet; it is taken from the first accept");
     }

@@ -20,6 +20,9 @@ pub const CASES: &[(&str, &str)] = &[
     ("keepalive-flood", "legal Keepalive messages as fast as the send queue allows, for --hold seconds"),
     ("empty-write-flood", "RDMA writes with immediate 0 (legal, empty) as fast as possible, for --hold seconds"),
     ("disconnect-mid-write", "half a command, then an orderly disconnect"),
+    ("vanish", "PING, then the queue pair falls silent (error state, no disconnect) for --hold seconds"),
+    ("bad-rkey", "RegisterXferMemory with a wrong key, then PING: the server's reply write fails"),
+    ("violation-burst", "30 connections at once, each sending a 16-byte control message"),
     ("die", "half a command, then the process exits without disconnecting"),
 ];
 
@@ -133,6 +136,42 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             eprintln!("{case}: {sent} messages in {} s", hold.as_secs());
             s.settle(Duration::from_millis(200))?;
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
+        }
+        // A peer that stops answering without closing (host gone, cable pulled):
+        // only the server's keepalive, unanswered, can notice (docs/protocol.md §5).
+        "vanish" => {
+            s.write_all(b"PING\r\n")?;
+            let mut pong = [0u8; 7];
+            let mut got = 0;
+            while got < pong.len() {
+                got += s.read(&mut pong[got..])?;
+            }
+            s.endpoint().fall_silent()?;
+            eprintln!("vanish: silent from now on");
+            std::thread::sleep(hold);
+            return Ok(Outcome::StillOpen);
+        }
+        "bad-rkey" => {
+            let (addr, len, key) = (s.ep.rx_addr(), s.ep.rx_len(), s.ep.rx_key());
+            let msg = ControlMessage::RegisterXferMemory { addr, length: len, key: key ^ 0x5a5a };
+            s.endpoint().post_send_raw(&msg.encode())?;
+            s.settle(Duration::from_millis(100))?;
+            s.write_all(b"PING\r\n")?;
+        }
+        "violation-burst" => {
+            let threads: Vec<_> = (0..30)
+                .map(|_| {
+                    let addr = addr.to_string();
+                    std::thread::spawn(move || run("short-control", &addr, hold))
+                })
+                .collect();
+            let closed = threads
+                .into_iter()
+                .filter_map(|t| t.join().ok())
+                .filter(|r| matches!(r, Ok(Outcome::ClosedByServer)))
+                .count();
+            eprintln!("violation-burst: {closed} of 30 closed by the server");
+            return Ok(if closed == 30 { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
         "disconnect-mid-write" => {
             s.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100\r\nabc")?;

@@ -53,6 +53,9 @@ pub enum Failure {
     /// A local verbs call failed (posting a work request, allocating the TX buffer);
     /// `errno` is what the call reported.
     Local { call: &'static str, errno: i32 },
+    /// The peer acknowledged nothing we sent for `ticks` keepalive periods: it is gone
+    /// without a disconnect (docs/protocol.md §5). `ETIMEDOUT`.
+    PeerSilent { ticks: u32 },
 }
 
 impl Failure {
@@ -62,6 +65,7 @@ impl Failure {
             Failure::Protocol(_) => libc::EPROTO,
             Failure::WorkRequest { .. } => libc::EIO,
             Failure::Local { errno, .. } => *errno,
+            Failure::PeerSilent { .. } => libc::ETIMEDOUT,
         }
     }
 }
@@ -74,6 +78,11 @@ impl fmt::Display for Failure {
                 write!(f, "work request failed (ibv_wc_status {status}, vendor error {vendor_err:#x})")
             }
             Failure::Local { call, errno } => write!(f, "{call} failed (errno {errno})"),
+            Failure::PeerSilent { ticks } => write!(
+                f,
+                "the peer acknowledged nothing for {ticks} keepalive periods ({} s): it is gone",
+                u64::from(*ticks) * super::KEEPALIVE_MS / 1000
+            ),
         }
     }
 }
@@ -711,10 +720,20 @@ impl Conn {
     /// that is CONNECTED and has sent its RegisterXferMemory gets a Keepalive. The driver
     /// then drains [`poll_control`](Self::poll_control) and asks
     /// [`wants_pending`](Self::wants_pending) (the tick is the pending list's safety net).
-    pub fn keepalive_tick(&mut self) {
+    ///
+    /// `unacknowledged_ticks`: the periods in a row in which the send queue had work
+    /// requests in flight and none completed (the driver's count, `verbs::TxBuffers`).
+    /// At [`DEAD_PEER_TICKS`](super::DEAD_PEER_TICKS) the peer is gone: the connection
+    /// fails (docs/protocol.md §5). Only an unanswered work request counts, so an idle
+    /// peer, or one whose process stopped, is never closed by it: its NIC answers.
+    pub fn keepalive_tick(&mut self, unacknowledged_ticks: u32) -> Result<(), Failure> {
+        if self.is_live() && unacknowledged_ticks >= super::DEAD_PEER_TICKS {
+            return Err(self.fail(Failure::PeerSilent { ticks: unacknowledged_ticks }));
+        }
         if self.session.role() == Role::Server && self.accepted && self.state == State::Established {
             self.control.push_back(ControlMessage::Keepalive);
         }
+        Ok(())
     }
 
     // ----- handlers and IO threads -------------------------------------------------
@@ -1118,7 +1137,22 @@ mod tests {
         c.on_disconnected();
         assert_eq!(c.read(100), Ok(0..100));
         assert_eq!(c.poll_control(), None);
-        c.keepalive_tick();
+        c.keepalive_tick(0).unwrap();
+        assert_eq!(c.poll_control(), None);
+    }
+
+    #[test]
+    fn a_peer_that_acknowledges_nothing_for_two_ticks_fails_the_connection_once() {
+        let mut c = established_server();
+        c.keepalive_tick(0).unwrap();
+        assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive));
+        c.keepalive_tick(1).unwrap();
+        assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "one silent period is not enough");
+        let f = c.keepalive_tick(super::super::DEAD_PEER_TICKS).unwrap_err();
+        assert_eq!(f, Failure::PeerSilent { ticks: 2 });
+        assert_eq!(f.errno(), libc::ETIMEDOUT);
+        assert_eq!(c.failure(), Some(&f));
+        assert_eq!(c.keepalive_tick(3), Ok(()), "failed once; a failed connection sends nothing more");
         assert_eq!(c.poll_control(), None);
     }
 }

@@ -23,6 +23,11 @@ pub use window::{RxWindow, TxWindow};
 pub const MAX_WQE: u32 = 1024;
 /// Keepalive period of the server (`VALKEY_RDMA_KEEPALIVE_MS`).
 pub const KEEPALIVE_MS: u64 = 3000;
+/// A peer that acknowledged none of our work requests in flight for this many keepalive
+/// periods in a row is gone (host down, cable pulled) and its connection is closed
+/// (docs/protocol.md §5): 6 to 9 s after it fell silent. A live peer's NIC acknowledges
+/// every period's Keepalive within microseconds, whatever its process is doing.
+pub const DEAD_PEER_TICKS: u32 = 2;
 /// Default, smallest and largest RX buffer a server offers (`rdma-rx-size`).
 pub const DEFAULT_RX_SIZE: u32 = 1024 * 1024;
 pub const MIN_RX_SIZE: u32 = 64 * 1024;

@@ -587,7 +587,8 @@ impl Sim {
             if self.sides[s].freed {
                 continue;
             }
-            self.sides[s].core.keepalive_tick();
+            // (the fake NIC acknowledges everything: no silent peer here)
+            let _ = self.sides[s].core.keepalive_tick(0);
             self.flush_control(s);
             self.queue_if_due(s);
         }
@@ -780,7 +781,7 @@ impl Sim {
             match f {
                 Failure::Protocol(_) => stat(|x| &x.violations),
                 Failure::WorkRequest { .. } => stat(|x| &x.work_request_failures),
-                Failure::Local { .. } => {}
+                Failure::Local { .. } | Failure::PeerSilent { .. } => {}
             }
             self.log(|| format!("{} failed: {f}", NAME[s]));
         }

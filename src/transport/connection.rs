@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::knobs::{self, Knob};
 use super::stats::{self, STATS};
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
@@ -108,6 +109,7 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
             Failure::Protocol(v) => stats::violation(v),
             Failure::WorkRequest { .. } => stats::add(&STATS.work_request_errors, 1),
             Failure::Local { .. } => stats::add(&STATS.local_errors, 1),
+            Failure::PeerSilent { .. } => stats::add(&STATS.peers_silent, 1),
         }
         // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
         // buffer made after the connection was accepted): say what to do.
@@ -190,7 +192,9 @@ pub(crate) fn process_completions(c: &HostedConn) {
     let completions = &mut inner.completions;
     completions.clear();
     let mut failed = None;
-    match ep.poll(COMPLETIONS_PER_WAKEUP, |c| completions.push(c)) {
+    // (the test knob makes the budget small, so that the suite reaches this path)
+    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
+    match ep.poll(budget, |c| completions.push(c)) {
         Ok(left) => {
             inner.core.set_completions_left(left);
             stats::add(&STATS.completions, completions.len() as u64);
@@ -280,12 +284,16 @@ pub(crate) fn keepalive(c: &HostedConn) {
     let mut g = c.inner.lock();
     // First: the previous tick's Keepalive has completed, and with it every write before
     // it; a connection that wrote nothing since gives its TX buffer back.
+    let mut silent_ticks = 0;
     if let Some(ep) = g.ep.as_mut() {
         let freed = ep.release_idle_tx();
         stats::add(&STATS.tx_buffers_released, u64::from(freed > 0));
+        silent_ticks = ep.unacknowledged_ticks();
     }
-    g.core.keepalive_tick();
-    let failed = g.flush_control();
+    let failed = match g.core.keepalive_tick(silent_ticks) {
+        Err(f) => Some(f),
+        Ok(()) => g.flush_control(),
+    };
     publish(c, &g, failed);
 }
 
@@ -434,6 +442,9 @@ pub(crate) fn set_cm_context(c: &HostedConn) {
 
 /// `rdma_accept` on the connection's id.
 pub(crate) fn accept_cm(c: &HostedConn, params: crate::verbs::ConnParams) -> Result<(), crate::verbs::VerbsError> {
+    if knobs::fire(Knob::FailAccept) {
+        return Err(crate::verbs::VerbsError::with(crate::verbs::VerbsOp::Accept, libc::EIO));
+    }
     match c.inner.lock().ep.as_ref() {
         Some(ep) => ep.id().accept(params),
         None => Err(crate::verbs::VerbsError::with(crate::verbs::VerbsOp::Accept, libc::ENOTCONN)),

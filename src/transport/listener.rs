@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::connection::{self, RdmaConnection};
+use super::knobs::{self, Knob};
 use super::stats::{self, CmEnd, Rejected, STATS};
 use super::{global, live, lock, HostedConn};
 use crate::config::BindAddr;
@@ -236,14 +237,24 @@ const ACCEPT_PARAMS: ConnParams = ConnParams {
 };
 
 fn accept_one(id: CmId) {
+    if knobs::fire(Knob::PanicInAccept) {
+        panic!("test knob panic-accept");
+    }
     let peer = id.peer_addr();
     let conn_channel = match conn_events() {
         Ok(ch) => ch,
         Err(e) => return log::warn!("{}", explain(&e, None)),
     };
-    if let Err(e) = id.migrate(conn_channel) {
+    let migrated = match knobs::fire(Knob::FailMigrate) {
+        true => Err(VerbsError::with(VerbsOp::MigrateId, libc::EIO)),
+        false => id.migrate(conn_channel),
+    };
+    if let Err(e) = migrated {
         stats::rejected(Rejected::Migrate);
-        return super::log_limited(format_args!("RDMA: client {peer:?} refused: {e}"));
+        return super::log_limited(format_args!(
+            "RDMA: client {} refused: {e}",
+            peer.map_or("?".into(), |p| p.to_string())
+        ));
     }
     let g = global();
     // Every connection starts with a small RX buffer and grows it, up to rdma-rx-size,

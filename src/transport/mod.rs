@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod connection;
+pub(crate) mod knobs;
 pub(crate) mod listener;
 pub(crate) mod stats;
 
@@ -107,33 +108,45 @@ pub(crate) mod pending {
 /// client (or ten thousand failing at once) must not flood the server's log.
 const CONN_LOG_LINES_PER_SEC: u32 = 10;
 
+/// At most [`CONN_LOG_LINES_PER_SEC`] lines in each second (module-wide), so that a
+/// hostile client cannot flood the server's log; the lines left out are counted and
+/// reported by the next line written. Pure (the time is passed in).
 struct LogLimit {
     second: Option<Instant>,
     lines: u32,
     suppressed: u64,
 }
-static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit { second: None, lines: 0, suppressed: 0 });
 
-/// Logs a per-connection warning, rate-limited; the next line that gets through says
-/// how many were left out.
+impl LogLimit {
+    const fn new() -> Self {
+        LogLimit { second: None, lines: 0, suppressed: 0 }
+    }
+
+    /// `Some(lines left out since the last one written)` when this line is to be
+    /// written, `None` when it is left out.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self.second.is_none_or(|s| now.duration_since(s).as_secs() >= 1) {
+            self.second = Some(now);
+            self.lines = 0;
+        }
+        if self.lines >= CONN_LOG_LINES_PER_SEC {
+            self.suppressed += 1;
+            return None;
+        }
+        self.lines += 1;
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit::new());
+
+/// Logs a per-connection warning, rate-limited ([`LogLimit`]).
 pub(crate) fn log_limited(msg: std::fmt::Arguments) {
-    let mut l = lock(&LOG_LIMIT);
-    let now = Instant::now();
-    if l.second.is_none_or(|s| now.duration_since(s).as_secs() >= 1) {
-        l.second = Some(now);
-        l.lines = 0;
-    }
-    if l.lines >= CONN_LOG_LINES_PER_SEC {
-        l.suppressed += 1;
-        return;
-    }
-    l.lines += 1;
-    let suppressed = std::mem::take(&mut l.suppressed);
-    drop(l);
-    if suppressed > 0 {
-        log::warn!("{msg} ({suppressed} similar lines suppressed)");
-    } else {
-        log::warn!("{msg}");
+    let admitted = lock(&LOG_LIMIT).admit(Instant::now());
+    match admitted {
+        None => {}
+        Some(0) => log::warn!("{msg}"),
+        Some(n) => log::warn!("{msg} ({n} similar lines suppressed)"),
     }
 }
 
@@ -224,5 +237,25 @@ impl Transport for RdmaConnection {
             peer_windows: windows,
             rx_windows,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_log_limit_writes_ten_lines_a_second_and_counts_the_rest() {
+        let mut l = LogLimit::new();
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let written: Vec<_> = (0..15).map(|i| l.admit(ms(i * 10))).collect();
+        assert_eq!(written.iter().filter(|w| w.is_some()).count(), 10);
+        assert!(written[..10].iter().all(|w| *w == Some(0)));
+        assert!(written[10..].iter().all(|w| w.is_none()));
+        assert_eq!(l.admit(ms(999)), None, "still the same second");
+        assert_eq!(l.admit(ms(1000)), Some(6), "the next second's first line says how many were left out");
+        assert_eq!(l.admit(ms(1001)), Some(0));
     }
 }

@@ -44,6 +44,7 @@ pub(crate) struct Stats {
     violations: [AtomicU64; 5],
     pub(crate) work_request_errors: AtomicU64,
     pub(crate) local_errors: AtomicU64,
+    pub(crate) peers_silent: AtomicU64,
     cm_ends: [AtomicU64; 2],
 }
 
@@ -69,6 +70,7 @@ pub(crate) static STATS: Stats = Stats {
     violations: [ZERO; 5],
     work_request_errors: ZERO,
     local_errors: ZERO,
+    peers_silent: ZERO,
     cm_ends: [ZERO; 2],
 };
 
@@ -148,7 +150,11 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         ),
         Field::Dict(
             "errors",
-            vec![("work_request", get(&s.work_request_errors)), ("local_verbs", get(&s.local_errors))],
+            vec![
+                ("work_request", get(&s.work_request_errors)),
+                ("local_verbs", get(&s.local_errors)),
+                ("peer_silent", get(&s.peers_silent)),
+            ],
         ),
         Field::Dict(
             "cm_disconnects",

@@ -64,6 +64,7 @@ function_table! {
         fn ibv_get_cq_event(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
         fn ibv_ack_cq_events(*mut ibv_cq, u32) -> ();
         fn ibv_fork_init() -> c_int;
+        fn ibv_modify_qp(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
     }
 }
 

@@ -9,6 +9,7 @@ use std::mem::ManuallyDrop;
 use rdma_sys::*;
 
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
+use super::tx_buffers::TxBuffers;
 use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::conn::RxBuffer;
 use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN, MAX_WQE};
@@ -56,21 +57,15 @@ pub struct Endpoint {
     ctrl_mr: *mut ibv_mr,
     rx_buf: PinnedBuffer,
     rx_mr: *mut ibv_mr,
-    tx_buf: Option<PinnedBuffer>,
-    tx_mr: *mut ibv_mr,
-    /// TX buffers replaced while writes from them may be in flight, each with the
-    /// number of send work requests posted before it was replaced.
-    retired_tx: Vec<(PinnedBuffer, *mut ibv_mr, u64)>,
+    /// The TX buffer, and the replaced ones that writes in flight may still read; it
+    /// also numbers the send work requests (docs/protocol.md §4.3).
+    tx: TxBuffers<TxRegion>,
     /// The TX buffer's size when made on demand ([`set_tx_len`](Endpoint::set_tx_len)):
     /// the peer's RX buffer.
     tx_len_wanted: u32,
     /// Data writes posted since the last [`release_idle_tx`](Endpoint::release_idle_tx).
     writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
-    /// Work requests posted to / known completed on the send queue. An RC send queue
-    /// completes in order, so a signalled completion also completes all before it.
-    sq_posted: u64,
-    sq_completed: u64,
     unsignaled_run: u32,
     comp_vector: i32,
 }
@@ -116,14 +111,10 @@ impl Endpoint {
             ctrl_mr: std::ptr::null_mut(),
             rx_buf,
             rx_mr: std::ptr::null_mut(),
-            tx_buf: None,
-            tx_mr: std::ptr::null_mut(),
-            retired_tx: Vec::new(),
+            tx: TxBuffers::new(),
             tx_len_wanted: 0,
             writes_since_idle_check: 0,
             free_tx_slots: (0..TX_SLOTS as u16).rev().collect(),
-            sq_posted: 0,
-            sq_completed: 0,
             unsignaled_run: 0,
             comp_vector: 0,
         };
@@ -205,9 +196,8 @@ impl Endpoint {
     /// Memory this endpoint has registered now (control slots, RX, TX and any retired
     /// TX buffer still in flight), in bytes.
     pub fn pinned_bytes(&self) -> u64 {
-        let tx = self.tx_buf.as_ref().map_or(0, |b| b.len());
-        let retired: usize = self.retired_tx.iter().map(|(b, _, _)| b.len()).sum();
-        (self.ctrl_buf.len() + self.rx_buf.len() + tx + retired) as u64
+        let tx: usize = self.tx.held().map(|r| r.buf.len()).sum();
+        (self.ctrl_buf.len() + self.rx_buf.len() + tx) as u64
     }
 
     pub fn id(&self) -> &CmId {
@@ -265,11 +255,11 @@ impl Endpoint {
     }
 
     fn sq_room(&self) -> u64 {
-        (MAX_WQE as u64).saturating_sub(self.sq_posted - self.sq_completed)
+        (MAX_WQE as u64).saturating_sub(self.tx.in_flight())
     }
 
     fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {
-        let seq = self.sq_posted;
+        let seq = self.tx.next_seq();
         self.unsignaled_run += 1;
         let signal = always_signal || self.unsignaled_run >= SIGNAL_EVERY || self.sq_room() <= SQ_RESERVED_FOR_CONTROL;
         if signal {
@@ -283,7 +273,7 @@ impl Endpoint {
         if unsafe { ibv_post_send(self.qp(), wr, &mut bad) } != 0 {
             return Err(VerbsError::last(VerbsOp::PostSend));
         }
-        self.sq_posted += 1;
+        self.tx.on_posted();
         Ok(())
     }
 
@@ -317,20 +307,15 @@ impl Endpoint {
     /// last writes into its old buffer completed on our side (a retransmission reads
     /// them again), and a hostile one may do it at any time. So it is not freed here but
     /// retired until the send queue has completed every work request posted so far
-    /// (docs/protocol.md §4.3); the next signalled completion (at the latest the
-    /// keepalive's) frees it.
+    /// ([`TxBuffers`], docs/protocol.md §4.3).
     pub fn ensure_tx(&mut self, len: u32) -> Result<()> {
-        if self.tx_buf.as_ref().is_some_and(|b| b.len() >= len as usize) && !self.tx_mr.is_null() {
+        if self.tx.current().is_some_and(|r| r.buf.len() >= len as usize) {
             return Ok(());
         }
-        if let Some(old) = self.tx_buf.take() {
-            self.retired_tx.push((old, std::mem::replace(&mut self.tx_mr, std::ptr::null_mut()), self.sq_posted));
-            self.free_retired_tx();
-        }
         let buf = PinnedBuffer::new(len as usize)?;
-        // SAFETY: the buffer is live and owned by self from here on.
-        self.tx_mr = unsafe { self.register(buf.as_ptr(), buf.len(), remote_access())? };
-        self.tx_buf = Some(buf);
+        // SAFETY: the buffer is live and owned by the region from here on.
+        let mr = unsafe { self.register(buf.as_ptr(), buf.len(), remote_access())? };
+        self.tx.replace(Some(TxRegion { mr, buf }));
         Ok(())
     }
 
@@ -339,12 +324,16 @@ impl Endpoint {
     /// is retired now, as in [`ensure_tx`](Self::ensure_tx).
     pub fn set_tx_len(&mut self, len: u32) {
         self.tx_len_wanted = len;
-        if self.tx_buf.as_ref().is_some_and(|b| b.len() < len as usize) {
-            if let Some(old) = self.tx_buf.take() {
-                self.retired_tx.push((old, std::mem::replace(&mut self.tx_mr, std::ptr::null_mut()), self.sq_posted));
-            }
-            self.free_retired_tx();
+        if self.tx.current().is_some_and(|r| r.buf.len() < len as usize) {
+            self.tx.replace(None);
         }
+    }
+
+    /// Called once per keepalive tick: the ticks in a row at which sends were in
+    /// flight and none completed ([`TxBuffers::tick`]); the core decides what that
+    /// means (docs/protocol.md §5).
+    pub fn unacknowledged_ticks(&mut self) -> u32 {
+        self.tx.tick()
     }
 
     /// Frees the TX buffer of a connection that posted no data write since the last
@@ -356,15 +345,15 @@ impl Endpoint {
     pub fn release_idle_tx(&mut self) -> u64 {
         let idle = self.writes_since_idle_check == 0;
         self.writes_since_idle_check = 0;
-        self.free_retired_tx();
-        if !idle || self.sq_completed < self.sq_posted || self.tx_len_wanted == 0 {
+        if !idle || self.tx_len_wanted == 0 {
             return 0;
         }
-        let n = self.tx_buf.as_ref().map_or(0, |b| b.len() as u64);
-        if n > 0 {
-            self.release_tx();
+        let n = self.tx.current().map_or(0, |r| r.buf.len() as u64);
+        if self.tx.release_if_quiet() {
+            n
+        } else {
+            0
         }
-        n
     }
 
     /// Replaces the RX buffer with a new one of `len` bytes (the adaptive RX window,
@@ -381,31 +370,6 @@ impl Endpoint {
         unsafe { (loaded().ibv_dereg_mr)(old_mr) };
         drop(old_buf);
         Ok(())
-    }
-
-    /// Frees the retired TX buffers whose writes have all completed.
-    fn free_retired_tx(&mut self) {
-        let done = self.sq_completed;
-        self.retired_tx.retain(|(_, mr, posted_before)| {
-            if *posted_before > done {
-                return true;
-            }
-            if !mr.is_null() {
-                // SAFETY: every work request that could read this MR has completed.
-                unsafe { (loaded().ibv_dereg_mr)(*mr) };
-            }
-            false
-        });
-    }
-
-    fn release_tx(&mut self) {
-        if !self.tx_mr.is_null() {
-            // SAFETY: the MR is live; writes from it were delivered (the peer only
-            // re-registers after consuming all of them).
-            unsafe { (loaded().ibv_dereg_mr)(self.tx_mr) };
-            self.tx_mr = std::ptr::null_mut();
-        }
-        self.tx_buf = None;
     }
 
     /// Whether the send queue can take a data write now.
@@ -431,11 +395,11 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let total = len as usize;
-        if self.tx_buf.is_none() && self.tx_len_wanted > 0 {
+        if self.tx.current().is_none() && self.tx_len_wanted > 0 {
             self.ensure_tx(self.tx_len_wanted)?;
         }
         self.writes_since_idle_check += 1;
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
         let mut at = offset as usize;
         let end = at + total;
         if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
@@ -460,13 +424,13 @@ impl Endpoint {
 
     /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
     fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let mut sge = ibv_sge {
             // SAFETY: callers checked offset + len against the TX buffer.
-            addr: unsafe { buf.as_ptr().add(offset as usize) } as u64,
+            addr: unsafe { region.buf.as_ptr().add(offset as usize) } as u64,
             length: len,
-            // SAFETY: the MR is live while the TX buffer is.
-            lkey: unsafe { (*self.tx_mr).lkey },
+            // SAFETY: the MR is live while the region is.
+            lkey: unsafe { (*region.mr).lkey },
         };
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -481,7 +445,7 @@ impl Endpoint {
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
     /// the test peer uses this, to send malformed control messages.
     pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        let buf = self.tx_buf.as_ref().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
         if bytes.len() > buf.len() {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
@@ -552,10 +516,7 @@ impl Endpoint {
                 f(Completion::Data { imm });
             }
             ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
-                self.sq_completed = self.sq_completed.max((wc.wr_id >> WRID_SEQ_SHIFT) + 1);
-                if !self.retired_tx.is_empty() {
-                    self.free_retired_tx();
-                }
+                self.tx.on_completed(wc.wr_id >> WRID_SEQ_SHIFT);
                 if wc.wr_id & WRID_CONTROL != 0 {
                     self.free_tx_slots.push((wc.wr_id & WRID_SLOT_MASK) as u16);
                 }
@@ -569,6 +530,20 @@ impl Endpoint {
     pub fn disconnect(&self) {
         self.id.disconnect();
     }
+
+    /// Moves the queue pair to the error state without telling the peer: from here
+    /// on it answers nothing, as a crashed host or a pulled cable would. Only the test
+    /// peer (`client::hostile`, case `vanish`) uses this.
+    pub fn fall_silent(&mut self) -> Result<()> {
+        // SAFETY: all-zero is a valid ibv_qp_attr (plain integers).
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is live; only the state is changed (the mask says so).
+        if unsafe { (loaded().ibv_modify_qp)(self.qp(), &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) } != 0 {
+            return Err(VerbsError::last(VerbsOp::ModifyQp));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Endpoint {
@@ -578,12 +553,7 @@ impl Drop for Endpoint {
         // id (CmId's Drop) before the CQ, MRs and PD it uses; nothing is used after.
         unsafe {
             ManuallyDrop::drop(&mut self.id);
-            self.release_tx();
-            for (_, mr, _) in self.retired_tx.drain(..) {
-                if !mr.is_null() {
-                    (l.ibv_dereg_mr)(mr);
-                }
-            }
+            self.tx.clear();
             for mr in [self.rx_mr, self.ctrl_mr] {
                 if !mr.is_null() {
                     (l.ibv_dereg_mr)(mr);
@@ -599,6 +569,21 @@ impl Drop for Endpoint {
                 (l.ibv_dealloc_pd)(self.pd);
             }
         }
+    }
+}
+
+/// A registered TX buffer; dropping it deregisters the memory region, then unmaps the
+/// buffer (field order).
+struct TxRegion {
+    mr: *mut ibv_mr,
+    buf: PinnedBuffer,
+}
+
+impl Drop for TxRegion {
+    fn drop(&mut self) {
+        // SAFETY: the MR was registered for `buf` and is live; [`TxBuffers`] drops a
+        // region only when no posted work request can read it.
+        unsafe { (loaded().ibv_dereg_mr)(self.mr) };
     }
 }
 

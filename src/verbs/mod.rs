@@ -13,6 +13,7 @@ mod dynlib;
 mod endpoint;
 mod resources;
 mod system;
+mod tx_buffers;
 
 pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig};
@@ -41,6 +42,7 @@ pub enum VerbsOp {
     CreateCq,
     ReqNotifyCq,
     CreateQp,
+    ModifyQp,
     RegMr,
     /// Mapping a pinned buffer.
     Mmap,
@@ -80,6 +82,7 @@ impl VerbsOp {
             VerbsOp::CreateCq => "ibv_create_cq",
             VerbsOp::ReqNotifyCq => "ibv_req_notify_cq",
             VerbsOp::CreateQp => "rdma_create_qp",
+            VerbsOp::ModifyQp => "ibv_modify_qp",
             VerbsOp::RegMr => "ibv_reg_mr",
             VerbsOp::Mmap => "mmap",
             VerbsOp::Mprotect => "mprotect (guard page)",

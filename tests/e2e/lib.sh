@@ -51,7 +51,12 @@ stop_bridge() {
 # run_case NAME FUNCTION [ARGS...]: one test; the function's exit status decides.
 run_case() {
     local name=$1; shift
-    if [ -n "${E2E_ONLY:-}" ] && [[ "$name" != *$E2E_ONLY* ]]; then return 0; fi
+    if [ -n "${E2E_ONLY:-}" ]; then   # patterns separated by |
+        local pat pats hit=0
+        IFS='|' read -ra pats <<< "$E2E_ONLY"
+        for pat in "${pats[@]}"; do [[ "$name" == *$pat* ]] && hit=1; done
+        [ $hit = 1 ] || return 0
+    fi
     local t0=$SECONDS
     echo "--- $name"
     if "$@"; then

@@ -342,7 +342,7 @@ run_case "ours CONFIG SET rdma-port / rdma-bind at run time" case_config_set_por
 # the server's slot for that fd set, and the next listener, reusing the number, made the
 # server panic on EPOLL_CTL_MOD.
 case_relisten_event_loop_unknown() {
-    VALKEY_RDMA_TEST_UNKNOWN_EVENT_LOOP=1 start_server relisten "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+    VALKEY_RDMA_TEST=unknown-event-loop start_server relisten "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
         --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --loglevel verbose || return 1
     grep -q "server.el not found yet" "$SERVER_LOG" || { fail "the event loop was found anyway"; return 1; }
     local p2=$((PORT + 1000)) p3=$((PORT + 1001))
@@ -491,3 +491,146 @@ case_endpoint_build_fails() {  # a connect request whose buffers cannot be made:
     server_alive
 }
 run_case "ours a connect request whose buffers cannot be made is rejected at once" case_endpoint_build_fails
+
+# --- INFO counters that no ordinary workload moves on demand: the test knobs
+# (VALKEY_RDMA_TEST, src/transport/knobs.rs) inject the fault where the real one would
+# surface, so the real handling is what runs ---
+
+case_rejections_counted() {  # rdma_migrate_id and rdma_accept failing: refused, counted, logged, nothing kept
+    VALKEY_RDMA_TEST=fail-migrate=1,fail-accept=1 start_server reject "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+        --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out i
+    for i in 1 2; do
+        out=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+        echo "# client $i: $out"
+        [ "$out" != PONG ] || { fail "client $i was served"; return 1; }
+    done
+    grep "refused" "$SERVER_LOG" | sed 's/^/# log: /'
+    expect_eq "log lines of refusals" "$(grep -c "refused" "$SERVER_LOG")" 2 || return 1
+    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=0,accept=1,migrate=1" || return 1
+    expect_eq "the third client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    expect_eq "INFO rdma: total_connections_received" "$(rdma_info total_connections_received)" 1 || return 1
+    expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1
+    expect_eq "INFO rdma: pinned_bytes with no client" "$(rdma_info pinned_bytes)" 0 || return 1
+    server_alive
+}
+run_case "ours INFO rdma: rejected accept and migrate counted (test knobs)" case_rejections_counted
+
+# Review fault 7: the panic policy. The release profile unwinds, and every extern "C"
+# entry catches a panic, logs it and fails that one call; with panic = "abort" (as
+# before the fix) this case kills the server.
+case_panic_is_contained() {
+    VALKEY_RDMA_TEST=panic-accept=1 start_server panic "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+        --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out; out=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+    echo "# client during the panic: $out"
+    sleep 1
+    server_alive || { fail "the server died of the panic"; tail -n 5 "$SERVER_LOG"; return 1; }
+    grep "internal error" "$SERVER_LOG" | sed 's/^/# log: /'
+    grep -q "RDMA: internal error: test knob panic-accept" "$SERVER_LOG" || { fail "the panic was not logged"; return 1; }
+    expect_eq "the next client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    server_alive
+}
+run_case "ours a panic inside the module fails one call and is logged (fault 7)" case_panic_is_contained
+
+case_completion_budget() {  # completions capped per wake-up: budget hits and the pending list, nothing lost
+    VALKEY_RDMA_TEST=completion-budget=2 start_server budget "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+        --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local h0; h0=$(rdma_info completion_budget_hits)
+    "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -r 1000 -n 40000 -c 4 -P 32 -q > "$WORK/budget.log" 2>&1 &
+    local bp=$! p max=0
+    while kill -0 $bp 2>/dev/null; do
+        p=$(rdma_info pending_connections); [ "${p:-0}" -gt "$max" ] && max=$p
+        sleep 0.1
+    done
+    wait $bp
+    local r; r=$(bench_rps "$WORK/budget.log" SET); echo "# SET -P 32 with 2 completions per wake-up: ${r:-none} req/s"
+    echo "# INFO rdma: completion_budget_hits moved by $(( $(rdma_info completion_budget_hits) - h0 )); pending_connections at most $max"
+    awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' || { fail "the benchmark did not finish"; return 1; }
+    [ $(( $(rdma_info completion_budget_hits) - h0 )) -gt 0 ] || { fail "the budget was never hit"; return 1; }
+    expect_eq "pending_connections once idle" "$(rdma_info pending_connections)" 0 || return 1
+    expect_eq "every key written" "$("$CLI912" -p "$PORT" DBSIZE)" 1000 || return 1
+    server_alive
+}
+run_case "ours INFO rdma: completion budget hits and pending connections (test knob)" case_completion_budget
+
+case_log_rate_limit() {  # 30 violations at once: at most 10 log lines a second, the rest counted
+    start_server loglimit "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out; out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile violation-burst 2>&1)
+    echo "# $out"
+    sleep 1.5
+    timeout 20 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile short-control > /dev/null 2>&1
+    local v; v=$(dict_get "$(rdma_info protocol_violations)" bad_control_length)
+    expect_eq "INFO rdma: bad_control_length violations" "$v" 31 || return 1
+    local lines suppressed
+    lines=$(grep -c "closing the connection" "$SERVER_LOG")
+    suppressed=$(sed -n 's/.*(\([0-9]*\) similar lines suppressed).*/\1/p' "$SERVER_LOG" | awk '{s += $1} END {print s + 0}')
+    grep "suppressed" "$SERVER_LOG" | sed 's/^/# log: /'
+    echo "# 31 violations: $lines lines written, $suppressed reported as suppressed"
+    [ "$suppressed" -gt 0 ] || { fail "nothing was suppressed"; return 1; }
+    expect_eq "lines written + lines suppressed" "$((lines + suppressed))" 31 || return 1
+    server_alive
+}
+run_case "ours per-connection log lines are rate-limited" case_log_rate_limit
+
+case_work_request_error() {  # a wrong rkey: the server's write fails, counted once, connection closed
+    start_server wrerr "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out; out=$(timeout 30 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile bad-rkey 2>&1)
+    echo "# hostile bad-rkey: $out"
+    sleep 1
+    grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'
+    expect_eq "INFO rdma: errors" "$(rdma_info errors)" "work_request=1,local_verbs=0,peer_silent=0" || return 1
+    expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1
+    expect_eq "a well-behaved client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    server_alive
+}
+run_case "ours INFO rdma: a failed work request counted (wrong rkey)" case_work_request_error
+
+case_local_verbs_error() {  # the TX buffer made on demand cannot be registered (ulimit -l): counted, hint logged
+    # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it so the limit applies.
+    # 512 KiB: a new connection (64 KiB control slots, 64 KiB RX) is accepted; the TX
+    # buffer of the first reply, the size of valkey-cli's 1 MiB RX buffer, is not.
+    printf '#!/bin/bash\nulimit -l 512\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock512-server"
+    chmod +x "$WORK/memlock512-server"
+    start_server txmem "$WORK/memlock512-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out; out=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
+    echo "# client: $out"
+    grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'
+    [ "$out" != PONG ] || { fail "the client was served"; return 1; }
+    grep -q "ibv_reg_mr.*closing the connection (the locked-memory limit is too low" "$SERVER_LOG" || { fail "no hint in the log"; return 1; }
+    expect_eq "INFO rdma: errors" "$(rdma_info errors)" "work_request=0,local_verbs=1,peer_silent=0" || return 1
+    expect_eq "INFO rdma: total_connections_received (accepted, then failed)" "$(rdma_info total_connections_received)" 1 || return 1
+    server_alive
+}
+run_case "ours INFO rdma: a failed local verbs call counted (TX buffer over ulimit -l)" case_local_verbs_error
+
+# Dead peers, the silent case (docs/protocol.md §5): a peer whose queue pair stops
+# answering without a disconnect (host gone, cable pulled). Only our keepalive notices:
+# it is not acknowledged, the send queue retries and fails, the connection is closed.
+# Bound: DEAD_PEER_TICKS (2) to 3 keepalive periods, 6-9 s; the case allows 20 s. An
+# idle healthy connection stays open.
+# (Not the queue pair's retry counter: the server's comes from the client's connect
+# request, and rxe treats 7, what clients ask, as "retry forever".)
+case_dead_peer_silent() {
+    start_server silent "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --then-idle 40 PING > "$WORK/healthy.out" 2>&1 &
+    local healthy=$!
+    rdma_clients_to 1 20 || { fail "the healthy client did not connect"; return 1; }
+    local e0; e0=$(dict_get "$(rdma_info errors)" peer_silent)
+    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile vanish --hold 40 > "$WORK/vanish.out" 2>&1 &
+    local vp=$!
+    for _ in $(seq 100); do grep -q "silent from now on" "$WORK/vanish.out" && break; sleep 0.1; done
+    local t0=$SECONDS
+    rdma_clients_to 1 30; local n; n=$(rdma_info connected_clients)
+    echo "# a silent peer closed after about $((SECONDS - t0)) s ($n RDMA client(s) left: the idle healthy one)"
+    grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'
+    kill $vp 2>/dev/null; wait $vp 2>/dev/null
+    expect_eq "RDMA clients once the silent peer is detected" "$n" 1 || return 1
+    [ $((SECONDS - t0)) -le 20 ] || { fail "detected after more than 20 s"; return 1; }
+    expect_eq "INFO rdma: errors:peer_silent moved by" "$(( $(dict_get "$(rdma_info errors)" peer_silent) - e0 ))" 1 || return 1
+    grep -q "the peer acknowledged nothing for 2 keepalive periods" "$SERVER_LOG" || { fail "no log line naming the silent peer"; return 1; }
+    wait $healthy
+    expect_eq "the idle healthy client got its reply and was never closed" "$(cat "$WORK/healthy.out")" PONG || return 1
+    server_alive
+}
+run_case "ours dead peers: a peer that falls silent is closed within 20 s, idle healthy ones stay" case_dead_peer_silent
