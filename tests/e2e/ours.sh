@@ -412,6 +412,7 @@ case_hostile_flood() {  # CASE: legal messages as fast as possible; another clie
     echo "# PING during the flood answered in about $((SECONDS - t0)) s: $got"
     expect_eq "a well-behaved client is served during the flood" "$got" PONG || { kill $hp 2>/dev/null; return 1; }
     wait $hp; echo "# hostile $hcase: $(tr '\n' ' ' < "$WORK/flood.out")"
+    echo "# INFO rdma: completion_budget_hits $(rdma_info completion_budget_hits), completions_per_wakeup_x100 $(rdma_info completions_per_wakeup_x100)"
     grep -q "StillOpen" "$WORK/flood.out" || { fail "legal messages closed the connection"; return 1; }
     server_alive
 }

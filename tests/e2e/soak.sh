@@ -84,7 +84,12 @@ elif [ "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)" = P
 else
     echo "# the server no longer answers over RDMA"; F=$((F + 1))
 fi
-if [ "$IMPL" = ours ]; then "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | grep -E "total_connections|rejected|errors|violations|disconnects|budget" | sed 's/^/# /'; fi
+if [ "$IMPL" = ours ]; then
+    "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | grep -E "total_connections|rejected|errors|violations|disconnects|budget" | sed 's/^/# /'
+    # the dead-peer rule (docs/protocol.md §5) must never take a live client for dead, however busy
+    silent=$("$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_errors:.*peer_silent=\([0-9]*\).*/\1/p')
+    if [ "${silent:-x}" = 0 ]; then P=$((P + 1)); else echo "# live clients closed as silent peers: ${silent:-?}"; F=$((F + 1)); fi
+fi
 grep -c "closing the connection" "$SERVER_LOG" | sed 's/^/# per-connection warning lines in the log: /'
 stop_all_servers
 echo "soak: $P passed, $F failed"
