@@ -6,6 +6,8 @@
 //!                     [--server-pid PID] [--json FILE] [-q]
 //!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
+//!   valkey-rdma-bench --cluster [-h SEED_HOST] [-p SEED_PORT] [--duration SECS] [-r KEYS]
+//!                     [--wait MS] [--tries N]   (a checked writer/reader on a Valkey Cluster)
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,6 +25,9 @@ struct Args {
     c_module: String,
     our_module: String,
     rounds: usize,
+    cluster: bool,
+    wait_ms: Option<u64>,
+    tries: u32,
 }
 
 fn usage() -> ! {
@@ -31,7 +36,7 @@ fn usage() -> ! {
         include_str!("valkey-rdma-bench.rs")
             .lines()
             .skip(3)
-            .take(6)
+            .take(8)
             .map(|l| l.trim_start_matches("//!"))
             .collect::<Vec<_>>()
             .join("\n")
@@ -61,6 +66,9 @@ fn parse_args() -> Args {
         c_module: String::new(),
         our_module: String::new(),
         rounds: 3,
+        cluster: false,
+        wait_ms: None,
+        tries: 5,
     };
     let (mut host, mut port) = ("127.0.0.1".to_string(), 6379u16);
     let mut it = std::env::args().skip(1);
@@ -87,6 +95,9 @@ fn parse_args() -> Args {
             "--c-module" => a.c_module = val(&mut it),
             "--our-module" => a.our_module = val(&mut it),
             "--rounds" => a.rounds = num(val(&mut it)).max(1) as usize,
+            "--cluster" => a.cluster = true,
+            "--wait" => a.wait_ms = Some(num(val(&mut it))),
+            "--tries" => a.tries = num(val(&mut it)).max(1) as u32,
             _ => usage(),
         }
     }
@@ -279,6 +290,9 @@ fn main() {
         }
         return compare(&a);
     }
+    if a.cluster {
+        return cluster_check(&a);
+    }
     let stats = bench::run(&a.w, a.server_pid, progress(a.quiet)).unwrap_or_else(|e| {
         eprintln!("valkey-rdma-bench: {e}");
         std::process::exit(1)
@@ -296,4 +310,28 @@ fn main() {
     if stats.errors > 0 {
         std::process::exit(1);
     }
+}
+
+/// `--cluster`: the checked writer/reader of `rdma::client::cluster_check` against the
+/// cluster seeded by `-h`/`-p`, for `--duration` seconds or `-n` writes, whichever ends
+/// first. Prints the report and what the client did to follow the cluster.
+fn cluster_check(a: &Args) {
+    use rdma::client::cluster::ClusterClient;
+    use rdma::client::cluster_check::{self, Check};
+    let mut client: ClusterClient = ClusterClient::connect(std::slice::from_ref(&a.w.addr), Default::default())
+        .unwrap_or_else(|e| {
+            eprintln!("valkey-rdma-bench: {e}");
+            std::process::exit(1)
+        });
+    client.retry.tries = a.tries;
+    let check = Check { keys: a.w.keyspace.max(1), wait_ms: a.wait_ms, read_every: 10 };
+    let until = Instant::now() + a.w.duration;
+    let mut writes = 0u64;
+    let report = cluster_check::run(&mut client, &check, || {
+        writes += 1;
+        writes > a.w.requests || Instant::now() >= until
+    });
+    println!("cluster: {report}");
+    let s = &client.stats;
+    println!("cluster client: moved {} ask {} reconnects {} refreshes {}", s.moved, s.ask, s.reconnects, s.refreshes);
 }

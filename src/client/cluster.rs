@@ -612,6 +612,12 @@ impl<C: NodeConn> ClusterClient<C> {
         self.run(args, slot, None, 0)
     }
 
+    /// Sends a keyless command to the node serving `key`: `WAIT` after a write to
+    /// that key, which must reach the connection that made the write.
+    pub fn command_routed(&mut self, key: &[u8], args: &[&[u8]]) -> Result<Reply, ClusterError> {
+        self.run(args, Some(key_slot(key)), None, 0)
+    }
+
     /// Sends the commands as one pipeline per node and returns the replies in the
     /// order of `cmds`. Commands redirected (or whose node failed) are sent again one
     /// by one, in their order, once the map is reloaded. Refuses the whole pipeline,

@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod cluster_check;
 pub mod hostile;
 pub mod resp;
 

@@ -1,6 +1,7 @@
 #!/bin/bash
-# soak.sh [MINUTES] [--impl ours|c] - endurance against one 9.1.2 server (io-threads 4):
-# every minute, for ~45 s, all at once:
+# soak.sh [MINUTES] [--impl ours|c] - endurance against one 9.1.2 server (io-threads 4)
+# for MINUTES minutes of wall clock: rounds of ~45 s, started while time is left, each with
+# all at once:
 #   - connection churn: valkey-benchmark --rdma -k 0 (a new RDMA connection per request);
 #   - pipelined load with multi-block replies: -c 100 -P 32 -t set,get,lrange_600;
 #   - CLIENT KILL storms (every 3 s, over TCP, every normal client) under that load;
@@ -60,10 +61,12 @@ one_minute() {
 
 BASE_FDS=$(fds) BASE_RSS=$(status_kb VmRSS) BASE_PIN=$(status_kb VmPin)
 used_kb() { echo $(( $("$CLI912" -h 127.0.0.1 -p "$PORT" INFO memory | tr -d '\r' | sed -n 's/^used_memory://p') / 1024 )); }
-printf '# %-6s %6s %10s %8s %8s %12s %s\n' minute fds rss_kb vmpin_kb clients used_mem_kb note
+printf '# %-6s %6s %10s %8s %8s %12s %s\n' round fds rss_kb vmpin_kb clients used_mem_kb note
 printf '# %-6s %6s %10s %8s %8s %12s %s\n' base "$BASE_FDS" "$BASE_RSS" "$BASE_PIN" 0 "$(used_kb)" ""
 P=0 F=0
-for m in $(seq 1 "$MINUTES"); do
+SOAK_START=$SECONDS m=0
+while [ $((SECONDS - SOAK_START)) -lt $((MINUTES * 60)) ]; do
+    m=$((m + 1))
     one_minute
     settled=yes; settle || settled=no
     "$CLI912" -h 127.0.0.1 -p "$PORT" FLUSHALL SYNC > /dev/null
@@ -73,7 +76,7 @@ for m in $(seq 1 "$MINUTES"); do
     [ "${f:-0}" -le $((BASE_FDS + 2)) ] || why+=" fds grew"
     [ "${p:-1}" = "$BASE_PIN" ] || why+=" VmPin not back"
     [ "${r:-0}" -le $((BASE_RSS + 16384)) ] || why+=" RSS grew by more than 16 MiB"
-    printf '# %-6s %6s %10s %8s %8s %12s %s\n' "$m" "$f" "$r" "$p" "$c" "$(used_kb)" "${why:-flat}"
+    printf '# %-6s %6s %10s %8s %8s %12s %s\n' "$m" "$f" "$r" "$p" "$c" "$(used_kb)" "${why:-flat} ($(( (SECONDS - SOAK_START) / 60 )) min)"
     if [ -z "$why" ]; then P=$((P + 1)); else F=$((F + 1)); fi
     [ -n "$why" ] && [[ $why == *"server died"* ]] && break
 done

@@ -1,0 +1,190 @@
+#!/bin/bash
+# cluster.sh [--demo] - Valkey Cluster over RDMA (README "Valkey Cluster over RDMA").
+#
+# Three primaries and three replicas of the 9.1.2 reference server in this guest, each
+# loading the module with RDMA on its client port (TCP on the same port; the cluster
+# bus stays on TCP, port + 10000), created with `valkey-cli --cluster create` over TCP
+# as an operator would. Then, for our module and for the upstream C module as the
+# reference:
+#   - valkey-cli -c --rdma follows MOVED across the nodes;
+#   - valkey-benchmark --cluster --rdma runs;
+#   - our client: valkey-rdma-cli -c (one command, a pipeline over every node);
+# and for our module, with our checked cluster client (valkey-rdma-bench --cluster)
+# writing and reading throughout:
+#   - 1,000 slots resharded between two primaries;
+#   - a primary SIGKILLed, its replica promoted, the clients re-routed;
+# with the errors the client saw, acknowledged writes lost (and of those, writes a
+# replica had confirmed with WAIT, which must be none), and wrong reads counted.
+# --demo: only the cluster with our module and the upstream clients, shown.
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+DEMO=no
+[ "${1:-}" = --demo ] && DEMO=yes
+RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
+RDMA_BENCH=${RDMA_BENCH:-$PROJECT_ROOT/target/release/valkey-rdma-bench}
+NODE_PORTS=() NODE_PIDS=()
+
+# start_cluster IMPL: six nodes, a cluster of 3 primaries with a replica each.
+start_cluster() {
+    local impl=$1 module=$OUR_MODULE i
+    [ "$impl" = c ] && module=$VALKEY_912/src/valkey-rdma.so
+    NODE_PORTS=() NODE_PIDS=()
+    for i in 1 2 3 4 5 6; do
+        start_server "cluster-$impl-$i" "$VALKEY_912/src/valkey-server" --loadmodule "$module" \
+            --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout 3000 --io-threads 2 || return 1
+        NODE_PORTS+=("$PORT") NODE_PIDS+=("$SERVER_PID")
+    done
+    local addrs=() p
+    for p in "${NODE_PORTS[@]}"; do addrs+=("$RDMA_ADDR:$p"); done
+    timeout 120 "$CLI912" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes > "$WORK/create-$impl.log" 2>&1 \
+        || { cat "$WORK/create-$impl.log"; fail "valkey-cli --cluster create"; return 1; }
+    wait_cluster_ok || return 1
+    note "cluster ($impl): $(cluster_nodes_line)"
+}
+
+# wait_cluster_ok: every live node says cluster_state:ok, and 16384 slots are served.
+wait_cluster_ok() {
+    local i p ok
+    for i in $(seq 1 150); do
+        ok=yes
+        for p in "${NODE_PORTS[@]}"; do
+            kill -0 "${NODE_PIDS[$(port_index "$p")]}" 2>/dev/null || continue
+            "$CLI912" -p "$p" CLUSTER INFO 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok$' || ok=no
+        done
+        [ $ok = yes ] && "$CLI912" -p "$(live_port)" CLUSTER INFO | tr -d '\r' | grep -q '^cluster_slots_ok:16384$' && return 0
+        sleep 0.4
+    done
+    "$CLI912" -p "$(live_port)" CLUSTER INFO | head -n 5; fail "the cluster did not become ok"
+}
+
+port_index() { local i; for i in "${!NODE_PORTS[@]}"; do [ "${NODE_PORTS[$i]}" = "$1" ] && echo "$i"; done; }
+live_port() { local i; for i in "${!NODE_PORTS[@]}"; do kill -0 "${NODE_PIDS[$i]}" 2>/dev/null && { echo "${NODE_PORTS[$i]}"; return; }; done; }
+# primaries: the ports of the primaries that hold slots now.
+primaries() {
+    "$CLI912" -p "$(live_port)" CLUSTER NODES | awk '$3 ~ /master/ && $3 !~ /fail/ && NF > 8 { split($2, a, "[:@]"); print a[2] }' | sort -n
+}
+node_id() { "$CLI912" -p "$1" CLUSTER MYID; }
+cluster_nodes_line() { echo "primaries $(primaries | tr '\n' ' ')of ${NODE_PORTS[*]}"; }
+stop_cluster() { stop_all_servers; NODE_PORTS=() NODE_PIDS=(); }
+
+case_cli_follows_moved() {  # IMPL: valkey-cli -c --rdma sets 100 keys over every primary, reads them back
+    local seed=${NODE_PORTS[0]} i
+    for i in $(seq 1 100); do echo "SET key:$i value-$i"; done > "$WORK/cli-cmds.txt"
+    timeout 120 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$seed" < "$WORK/cli-cmds.txt" > "$WORK/cli-set.out" 2>&1
+    expect_eq "replies OK" "$(grep -c '^OK$' "$WORK/cli-set.out")" 100 || { head -n 5 "$WORK/cli-set.out"; return 1; }
+    local per=() p total=0
+    for p in $(primaries); do per+=("$("$CLI912" -p "$p" DBSIZE)"); total=$((total + per[-1])); done
+    note "keys per primary: ${per[*]}"
+    expect_eq "keys over the primaries" "$total" 100 || return 1
+    for n in "${per[@]}"; do [ "$n" -gt 0 ] || { fail "a primary got no key: MOVED was not followed"; return 1; }; done
+    for i in $(seq 1 100); do echo "GET key:$i"; done | timeout 120 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$seed" > "$WORK/cli-get.out" 2>&1
+    expect_eq "GETs over RDMA return every value" "$(grep -c '^value-' "$WORK/cli-get.out")" 100
+}
+
+case_benchmark_cluster() {  # IMPL: valkey-benchmark --cluster --rdma -t set,get
+    timeout 300 "$BENCH912" --cluster --rdma -h "$RDMA_ADDR" -p "${NODE_PORTS[0]}" -t set,get -n 20000 -c 8 -q \
+        > "$WORK/bench-cluster.log" 2>&1
+    local t r ok=0
+    for t in SET GET; do
+        r=$(bench_rps "$WORK/bench-cluster.log" "$t"); note "$t over 3 primaries: ${r:-none} req/s"
+        awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' || ok=1
+    done
+    [ $ok = 0 ] || { tail -n 5 "$WORK/bench-cluster.log"; fail "no rate"; }
+}
+
+case_our_cluster_client() {  # IMPL: valkey-rdma-cli -c: one command, and 1,000 commands in a pipeline over every node
+    local seed=${NODE_PORTS[0]} i
+    expect_eq "valkey-rdma-cli -c SET" "$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$seed" SET '{user1000}.a' one)" OK || return 1
+    expect_eq "valkey-rdma-cli -c GET (hash tag)" "$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$seed" GET '{user1000}.a')" one || return 1
+    for i in $(seq 1 500); do echo "SET ours:$i v$i"; echo "GET ours:$i"; done > "$WORK/pipe-cmds.txt"
+    timeout 120 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$seed" --pipeline < "$WORK/pipe-cmds.txt" > "$WORK/pipe.out" 2>&1
+    local want; want=$(for i in $(seq 1 500); do echo OK; echo "v$i"; done | md5sum)
+    expect_eq "1,000 replies in order" "$(md5sum < "$WORK/pipe.out")" "$want" || { head -n 4 "$WORK/pipe.out"; return 1; }
+    expect_eq "the values over TCP (valkey-cli -c)" \
+        "$(for i in 1 250 500; do "$CLI912" -c -p "$seed" GET "ours:$i"; done | tr '\n' ' ')" "v1 v250 v500 " || return 1
+}
+
+# checked_run SECS [bench args...]: valkey-rdma-bench --cluster in the background; sets CHECK_PID.
+checked_run() {
+    local secs=$1; shift
+    timeout $((secs + 120)) "$RDMA_BENCH" --cluster -h "$RDMA_ADDR" -p "$(live_port)" --duration "$secs" -r 2000 "$@" \
+        > "$WORK/check.out" 2>&1 &
+    CHECK_PID=$!
+}
+# check_field NAME: a number from the report line ("lost 0", "stale 0", …).
+check_field() { sed -n "s/^cluster: .*[ (]$1 \([0-9]*\).*/\1/p" "$WORK/check.out"; }
+
+case_resharding_under_load() {  # 1,000 slots move between primaries while our client writes and reads
+    checked_run 25
+    sleep 5
+    local from to p1 p2
+    p1=$(primaries | sed -n 1p) p2=$(primaries | sed -n 2p)
+    from=$(node_id "$p1") to=$(node_id "$p2")
+    local t0=$SECONDS
+    timeout 300 "$CLI912" --cluster reshard "$RDMA_ADDR:$p1" --cluster-from "$from" --cluster-to "$to" \
+        --cluster-slots 1000 --cluster-yes > "$WORK/reshard.log" 2>&1 || { tail -n 5 "$WORK/reshard.log"; fail "reshard"; return 1; }
+    note "1,000 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
+    wait "$CHECK_PID"
+    sed 's/^/# /' "$WORK/check.out"
+    wait_cluster_ok || return 1
+    local slots; slots=$("$CLI912" -p "$p2" CLUSTER NODES | awk '/myself/ { n = 0; for (i = 9; i <= NF; i++) { split($i, r, "-"); n += (r[2] == "" ? 1 : r[2] - r[1] + 1) } print n }')
+    note "primary :$p2 now serves $slots slots"
+    [ "$slots" -ge 6461 ] || { fail "the slots did not move"; return 1; }
+    expect_eq "acknowledged writes lost by resharding" "$(check_field lost)" 0 || return 1
+    expect_eq "stale reads" "$(check_field stale)" 0 || return 1
+    local moved; moved=$(sed -n 's/^cluster client: moved \([0-9]*\) ask \([0-9]*\).*/\1+\2/p' "$WORK/check.out")
+    note "redirections followed (moved+ask): $moved"
+    [ "$(check_field writes)" -gt 0 ] || { fail "nothing written"; return 1; }
+}
+
+case_failover_under_load() {  # a primary SIGKILLed while our client writes with WAIT: its replica takes over
+    checked_run 30 --wait 200 --tries 10
+    sleep 6
+    local victim; victim=$(primaries | sed -n 1p)
+    local idx; idx=$(port_index "$victim")
+    note "SIGKILL of primary :$victim"
+    local t0=$SECONDS
+    kill -9 "${NODE_PIDS[$idx]}"
+    wait_cluster_ok || return 1
+    note "cluster ok again after $((SECONDS - t0)) s: $(cluster_nodes_line)"
+    wait "$CHECK_PID"
+    sed 's/^/# /' "$WORK/check.out"
+    local lost_confirmed; lost_confirmed=$(sed -n 's/^cluster: .*lost [0-9]* (confirmed \([0-9]*\)).*/\1/p' "$WORK/check.out")
+    note "acknowledged writes lost: $(check_field lost) (of them confirmed by a replica: $lost_confirmed)"
+    expect_eq "confirmed writes lost" "$lost_confirmed" 0 || return 1
+    local reconnects; reconnects=$(sed -n 's/^cluster client: .*reconnects \([0-9]*\).*/\1/p' "$WORK/check.out")
+    [ "${reconnects:-0}" -gt 0 ] || { fail "the client never had to re-route"; return 1; }
+    [ "$(check_field writes)" -gt "$(check_field acked)" ] || note "no write failed during the failover"
+    expect_eq "writes after the failover reach the new primary" \
+        "$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$(live_port)" SET after-failover yes)" OK
+}
+
+case_one_node_against_three() {  # numbers: SET/GET over RDMA, one node against the three primaries
+    start_server single "$VALKEY_912/src/valkey-server" --loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 2 || return 1
+    timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 20000 -c 8 -P 16 -q > "$WORK/one.log" 2>&1
+    timeout 300 "$BENCH912" --cluster --rdma -h "$RDMA_ADDR" -p "${NODE_PORTS[0]}" -t set,get -n 20000 -c 8 -P 16 -q > "$WORK/three.log" 2>&1
+    local t one three
+    for t in SET GET; do
+        one=$(bench_rps "$WORK/one.log" "$t") three=$(bench_rps "$WORK/three.log" "$t")
+        note "$t -c 8 -P 16: one node ${one:-none} req/s, three primaries ${three:-none} req/s (one guest, 2 vCPUs: all nodes and the client share them)"
+        awk -v a="${one:-0}" -v b="${three:-0}" 'BEGIN { exit !(a > 0 && b > 0) }' || return 1
+    done
+}
+
+for impl in ours c; do
+    [ $DEMO = yes ] && [ $impl = c ] && continue
+    if ! start_cluster "$impl"; then
+        FAILED=$((FAILED + 1)) FAILED_NAMES+=("cluster ($impl) comes up"); stop_cluster; continue
+    fi
+    run_case "cluster ($impl): valkey-cli -c --rdma follows MOVED" case_cli_follows_moved
+    run_case "cluster ($impl): valkey-benchmark --cluster --rdma" case_benchmark_cluster
+    [ $DEMO = yes ] && { stop_cluster; break; }
+    run_case "cluster ($impl): our client, valkey-rdma-cli -c" case_our_cluster_client
+    if [ "$impl" = ours ]; then
+        run_case "cluster (ours): one node against three primaries" case_one_node_against_three
+        run_case "cluster (ours): 1,000 slots resharded under RDMA load" case_resharding_under_load
+        run_case "cluster (ours): failover of a primary under RDMA load" case_failover_under_load
+    fi
+    stop_cluster
+done
+summary
