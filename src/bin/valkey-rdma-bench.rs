@@ -7,7 +7,7 @@
 //!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
 //!   valkey-rdma-bench --cluster [-h SEED_HOST] [-p SEED_PORT] [--duration SECS] [-r KEYS]
-//!                     [--wait MS] [--tries N]   (a checked writer/reader on a Valkey Cluster)
+//!                     [--wait MS] [--tries N] [--stop-file F]   (a checked writer/reader on a cluster)
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ struct Args {
     cluster: bool,
     wait_ms: Option<u64>,
     tries: u32,
+    /// `--cluster` stops when this file appears (a test stops it after a change).
+    stop_file: Option<String>,
 }
 
 fn usage() -> ! {
@@ -69,6 +71,7 @@ fn parse_args() -> Args {
         cluster: false,
         wait_ms: None,
         tries: 5,
+        stop_file: None,
     };
     let (mut host, mut port) = ("127.0.0.1".to_string(), 6379u16);
     let mut it = std::env::args().skip(1);
@@ -98,6 +101,7 @@ fn parse_args() -> Args {
             "--cluster" => a.cluster = true,
             "--wait" => a.wait_ms = Some(num(val(&mut it))),
             "--tries" => a.tries = num(val(&mut it)).max(1) as u32,
+            "--stop-file" => a.stop_file = Some(val(&mut it)),
             _ => usage(),
         }
     }
@@ -209,10 +213,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn compare(a: &Args) {
     let (host, port) = a.w.addr.rsplit_once(':').map(|(h, p)| (h.to_string(), p.parse::<u16>().unwrap())).unwrap();
     let impls = [("C module", a.c_module.as_str()), ("ours", a.our_module.as_str())];
-    let mut results: Vec<(String, Stats, f64)> = Vec::new();
+    // (label, round, stats, KiB per connection)
+    let mut results: Vec<(String, usize, Stats, f64)> = Vec::new();
     let mut json = Vec::new();
     for round in 1..=a.rounds {
-        for (i, (label, module)) in impls.iter().enumerate() {
+        // ABBA: the module that runs second in one round runs first in the next, so a
+        // drift of the machine over the run (warming, throttling) favours neither
+        let order = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (label, module) = impls[i];
             let p = port + (round * 2 + i) as u16;
             let dir = std::env::temp_dir().join(format!("rdma-bench-{}-{round}-{i}", std::process::id()));
             let srv = start_server(a, module, &host, p, &dir.display().to_string());
@@ -225,19 +234,31 @@ fn compare(a: &Args) {
                 "{{\"round\":{round},\"kib_per_connection\":{mem:.1},\"stats\":{}}}",
                 stats.to_json(label)
             ));
-            results.push((label.to_string(), stats, mem));
+            results.push((label.to_string(), round, stats, mem));
             if round == 1 && i == 1 {
                 let w = Workload { transport: Transport::Tcp, ..w };
                 let tcp = bench::run(&w, Some(srv.1), progress(a.quiet)).unwrap_or_else(|e| panic!("TCP: {e}"));
                 eprint!("\r");
                 print_stats("TCP (same server)", &tcp);
                 json.push(format!("{{\"round\":{round},\"stats\":{}}}", tcp.to_json("TCP")));
-                results.push(("TCP".into(), tcp, 0.0));
+                results.push(("TCP".into(), round, tcp, 0.0));
             }
         }
     }
     let pick = |label: &str, f: &dyn Fn(&Stats, f64) -> f64| {
-        median(results.iter().filter(|r| r.0 == label).map(|r| f(&r.1, r.2)).collect())
+        median(results.iter().filter(|r| r.0 == label).map(|r| f(&r.2, r.3)).collect())
+    };
+    // the ratio of each round on its own: their spread is the noise beside the median
+    let round_ratios = |f: &dyn Fn(&Stats, f64) -> f64| -> Vec<f64> {
+        (1..=a.rounds)
+            .filter_map(|round| {
+                let of = |label: &str| results.iter().find(|r| r.0 == label && r.1 == round).map(|r| f(&r.2, r.3));
+                match (of("C module"), of("ours")) {
+                    (Some(c), Some(o)) if c > 0.0 => Some(o / c),
+                    _ => None,
+                }
+            })
+            .collect()
     };
     type Metric<'a> = (&'a str, &'a dyn Fn(&Stats, f64) -> f64, &'a str);
     let metrics: [Metric; 5] = [
@@ -251,14 +272,25 @@ fn compare(a: &Args) {
         "\nmedians over {} rounds, {} connections, pipeline {}, {:?}, {} B values",
         a.rounds, a.w.connections, a.w.pipeline, a.w.commands, a.w.value_size
     );
-    println!("{:>26} {:>12} {:>12} {:>10} {:>12}", "metric", "C module", "ours", "ours/C", "TCP");
+    println!(
+        "{:>26} {:>12} {:>12} {:>10} {:>15} {:>12}",
+        "metric", "C module", "ours", "ours/C", "rounds min-max", "TCP"
+    );
     let mut ratios = Vec::new();
     for (name, f, better) in metrics {
         let (c, o) = (pick("C module", f), pick("ours", f));
         let ratio = if c > 0.0 { o / c } else { 0.0 };
         let tcp = if name.contains("KiB") { "-".to_string() } else { format!("{:.1}", pick("TCP", f)) };
-        println!("{name:>26} {c:>12.1} {o:>12.1} {ratio:>10.3} {tcp:>12}   ({better})");
+        let per_round = round_ratios(f);
+        let lo = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = per_round.iter().copied().fold(0.0, f64::max);
+        let spread = if per_round.is_empty() { "-".to_string() } else { format!("{lo:.3}-{hi:.3}") };
+        println!("{name:>26} {c:>12.1} {o:>12.1} {ratio:>10.3} {spread:>15} {tcp:>12}   ({better})");
         ratios.push(format!("\"{name}\":{ratio:.4}"));
+        ratios.push(format!(
+            "\"{name} per round\":[{}]",
+            per_round.iter().map(|r| format!("{r:.4}")).collect::<Vec<_>>().join(",")
+        ));
     }
     if let Some(path) = &a.json {
         std::fs::write(
@@ -329,7 +361,9 @@ fn cluster_check(a: &Args) {
     let mut writes = 0u64;
     let report = cluster_check::run(&mut client, &check, || {
         writes += 1;
-        writes > a.w.requests || Instant::now() >= until
+        writes > a.w.requests
+            || Instant::now() >= until
+            || a.stop_file.as_ref().is_some_and(|f| std::path::Path::new(f).exists())
     });
     println!("cluster: {report}");
     let s = &client.stats;

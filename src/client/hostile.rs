@@ -14,12 +14,13 @@ pub const CASES: &[(&str, &str)] = &[
     ("register-zero", "RegisterXferMemory with length 0"),
     ("register-huge", "RegisterXferMemory with length 4 GiB - 1"),
     ("imm-overrun", "an RDMA write whose immediate overruns the server's RX buffer"),
-    ("flood", "5000 commands, one RDMA write each, beyond the 1024 posted receives"),
+    ("flood", "5000 commands, one RDMA write each, beyond the 256 posted receives"),
     ("no-read", "a 4 KiB RX buffer never re-registered while asking for 10 MB of replies"),
     ("register-mid-reply", "RegisterXferMemory of changing lengths while the server writes a 1 MB reply"),
     ("keepalive-flood", "legal Keepalive messages as fast as the send queue allows, for --hold seconds"),
     ("empty-write-flood", "RDMA writes with immediate 0 (legal, empty) as fast as possible, for --hold seconds"),
     ("disconnect-mid-write", "half a command, then an orderly disconnect"),
+    ("no-rtu", "a connect request whose accept is never answered (the CM handshake left half done)"),
     ("vanish", "PING, then the queue pair falls silent (error state, no disconnect) for --hold seconds"),
     ("bad-rkey", "RegisterXferMemory with a wrong key, then PING: the server's reply write fails"),
     ("violation-burst", "30 connections at once, each sending a 16-byte control message"),
@@ -43,6 +44,15 @@ fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
 
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
 pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
+    if case == "no-rtu" {
+        // The server's accept (REP) arrives in our event channel, which nobody reads, so
+        // the handshake's last step (RTU) is never sent: the server must give up on
+        // the connection by itself (its CM reports CONNECT_ERROR) and keep nothing.
+        let (_addr, _channel, _ep, _) = RdmaStream::send_connect_request(addr, &Options::default())?;
+        eprintln!("no-rtu: connect request sent, the answer left unread");
+        std::thread::sleep(hold);
+        return Ok(Outcome::StillOpen);
+    }
     let opts = Options {
         rx_size: match case {
             "no-read" => 4096,

@@ -123,24 +123,7 @@ pub struct RdmaStream {
 
 impl RdmaStream {
     pub fn connect(addr: impl ToSocketAddrs, opts: &Options) -> Result<RdmaStream> {
-        let addr: SocketAddr = addr
-            .to_socket_addrs()
-            .map_err(|e| ClientError::Refused(e.to_string()))?
-            .next()
-            .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
-        verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
-        let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
-        let id = CmId::new(&channel)?;
-        let deadline = Instant::now() + opts.timeout;
-        id.resolve_addr(&addr, 2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
-        expect_event(&channel, Expect::AddrResolved, deadline, &addr)?;
-        id.resolve_route(2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
-        expect_event(&channel, Expect::RouteResolved, deadline, &addr)?;
-        let ep = Endpoint::new(
-            id,
-            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false },
-        )?;
-        ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
+        let (addr, channel, ep, deadline) = Self::send_connect_request(addr, opts)?;
         expect_event(&channel, Expect::Established, deadline, &addr)?;
         let core = Conn::new(Role::Client, ep.rx_region());
         let mut s = RdmaStream {
@@ -159,6 +142,35 @@ impl RdmaStream {
             s.wait(deadline, "the server's RegisterXferMemory")?;
         }
         Ok(s)
+    }
+
+    /// The first half of [`connect`](Self::connect): the address and route resolved,
+    /// the endpoint built, the connect request sent. What the server answers is still
+    /// in `channel`, unread: until it is read, the connection is not established (the
+    /// test peer `hostile` case `no-rtu` stops here).
+    fn send_connect_request(
+        addr: impl ToSocketAddrs,
+        opts: &Options,
+    ) -> Result<(SocketAddr, EventChannel, Endpoint, Instant)> {
+        let addr: SocketAddr = addr
+            .to_socket_addrs()
+            .map_err(|e| ClientError::Refused(e.to_string()))?
+            .next()
+            .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
+        verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
+        let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
+        let id = CmId::new(&channel)?;
+        let deadline = Instant::now() + opts.timeout;
+        id.resolve_addr(&addr, 2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
+        expect_event(&channel, Expect::AddrResolved, deadline, &addr)?;
+        id.resolve_route(2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
+        expect_event(&channel, Expect::RouteResolved, deadline, &addr)?;
+        let ep = Endpoint::new(
+            id,
+            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false },
+        )?;
+        ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
+        Ok((addr, channel, ep, deadline))
     }
 
     pub fn peer_addr(&self) -> Option<SocketAddr> {

@@ -19,8 +19,6 @@ pub use control::{ControlMessage, Opcode, CONTROL_MESSAGE_LEN};
 pub use session::{Session, SessionEvent};
 pub use window::{RxWindow, TxWindow};
 
-/// Work requests per queue (send and receive), as upstream (`VALKEY_RDMA_MAX_WQE`).
-pub const MAX_WQE: u32 = 1024;
 /// Keepalive period of the server (`VALKEY_RDMA_KEEPALIVE_MS`).
 pub const KEEPALIVE_MS: u64 = 3000;
 /// A peer that acknowledged none of our work requests in flight for this many keepalive

@@ -12,17 +12,26 @@ use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
 use super::tx_buffers::TxBuffers;
 use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::conn::RxBuffer;
-use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN, MAX_WQE};
+use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
+
+// Queue depths (docs/protocol.md §4.5). Upstream uses 1024 for every queue
+// (`VALKEY_RDMA_MAX_WQE`); the NIC driver maps every entry into the process for each
+// connection (rxe: about 200 bytes per send entry), so an idle connection paid for
+// 2048 entries it never uses. A quarter is plenty: the byte window, not the queue,
+// limits what is in flight, and a peer that outruns our receives waits (RNR, retried
+// without limit since we accept with rnr_retry 7).
 
 /// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
-pub const RX_SLOTS: usize = MAX_WQE as usize;
-/// Send slots for control messages (upstream: the upper half of one 2048-slot array).
-const TX_SLOTS: usize = MAX_WQE as usize;
+pub const RX_SLOTS: usize = 256;
+/// Send queue depth.
+const SQ_DEPTH: u32 = 256;
+/// Send slots for control messages in flight (RegisterXferMemory, Keepalive, features).
+const TX_SLOTS: usize = 64;
 /// Data writes are signalled at least this often, so that completions keep telling us
-/// how much of the send queue is free (upstream: every 512th, rdma.c:1324).
-const SIGNAL_EVERY: u32 = 256;
+/// how much of the send queue is free (upstream: every 512th of 1024, rdma.c:1324).
+const SIGNAL_EVERY: u32 = 64;
 /// Send-queue entries kept free for control messages (RegisterXferMemory, Keepalive).
-const SQ_RESERVED_FOR_CONTROL: u64 = 64;
+const SQ_RESERVED_FOR_CONTROL: u64 = 32;
 
 const WRID_CONTROL: u64 = 1 << 10;
 const WRID_SLOT_MASK: u64 = (1 << 10) - 1;
@@ -145,7 +154,7 @@ impl Endpoint {
             ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
             ep.cq = (l.ibv_create_cq)(
                 verbs,
-                (RX_SLOTS + TX_SLOTS) as i32,
+                RX_SLOTS as i32 + SQ_DEPTH as i32,
                 std::ptr::null_mut(),
                 ep.comp_channel,
                 ep.comp_vector,
@@ -157,8 +166,8 @@ impl Endpoint {
             attr.send_cq = ep.cq;
             attr.recv_cq = ep.cq;
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-            attr.cap.max_send_wr = MAX_WQE;
-            attr.cap.max_recv_wr = MAX_WQE;
+            attr.cap.max_send_wr = SQ_DEPTH;
+            attr.cap.max_recv_wr = RX_SLOTS as u32;
             attr.cap.max_send_sge = 1;
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), ep.pd, &mut attr) != 0 {
@@ -255,7 +264,7 @@ impl Endpoint {
     }
 
     fn sq_room(&self) -> u64 {
-        (MAX_WQE as u64).saturating_sub(self.tx.in_flight())
+        u64::from(SQ_DEPTH).saturating_sub(self.tx.in_flight())
     }
 
     fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {
@@ -614,9 +623,10 @@ mod tests {
 
     #[test]
     fn pinned_bytes_counts_every_registered_buffer_in_pages() {
-        // 2048 control slots of 32 bytes, a 1 MiB RX buffer, a 1 MiB TX buffer
-        assert_eq!(pinned_bytes(1 << 20, 1 << 20), 64 * 1024 + 2 * (1 << 20));
+        // 320 control slots of 32 bytes (10 KiB: 3 pages), a 1 MiB RX buffer, a 1 MiB TX buffer
         let page = crate::verbs::resources::page_size() as u64;
-        assert_eq!(pinned_bytes(1, 1), 64 * 1024 + 2 * page);
+        let slots = (320 * 32u64).div_ceil(page) * page;
+        assert_eq!(pinned_bytes(1 << 20, 1 << 20), slots + 2 * (1 << 20));
+        assert_eq!(pinned_bytes(1, 1), slots + 2 * page);
     }
 }

@@ -22,6 +22,7 @@ DEMO=no
 RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
 RDMA_BENCH=${RDMA_BENCH:-$PROJECT_ROOT/target/release/valkey-rdma-bench}
 NODE_PORTS=() NODE_PIDS=()
+KEEP_SERVERS=1   # run_case leaves the cluster running from one case to the next
 
 # start_cluster IMPL: six nodes, a cluster of 3 primaries with a replica each.
 start_cluster() {
@@ -31,7 +32,7 @@ start_cluster() {
     for i in 1 2 3 4 5 6; do
         start_server "cluster-$impl-$i" "$VALKEY_912/src/valkey-server" --loadmodule "$module" \
             --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --cluster-enabled yes --cluster-config-file nodes.conf \
-            --cluster-node-timeout 3000 --io-threads 2 || return 1
+            --cluster-node-timeout 5000 || return 1
         NODE_PORTS+=("$PORT") NODE_PIDS+=("$SERVER_PID")
     done
     local addrs=() p
@@ -104,18 +105,20 @@ case_our_cluster_client() {  # IMPL: valkey-rdma-cli -c: one command, and 1,000 
         "$(for i in 1 250 500; do "$CLI912" -c -p "$seed" GET "ours:$i"; done | tr '\n' ' ')" "v1 v250 v500 " || return 1
 }
 
-# checked_run SECS [bench args...]: valkey-rdma-bench --cluster in the background; sets CHECK_PID.
+# checked_run [bench args...]: valkey-rdma-bench --cluster in the background until
+# stop_checked_run; sets CHECK_PID.
 checked_run() {
-    local secs=$1; shift
-    timeout $((secs + 120)) "$RDMA_BENCH" --cluster -h "$RDMA_ADDR" -p "$(live_port)" --duration "$secs" -r 2000 "$@" \
-        > "$WORK/check.out" 2>&1 &
+    rm -f "$WORK/check.stop"
+    timeout 1200 "$RDMA_BENCH" --cluster -h "$RDMA_ADDR" -p "$(live_port)" --duration 1000 -r 2000 \
+        --stop-file "$WORK/check.stop" "$@" > "$WORK/check.out" 2>&1 &
     CHECK_PID=$!
 }
+stop_checked_run() { touch "$WORK/check.stop"; wait "$CHECK_PID"; sed 's/^/# /' "$WORK/check.out"; }
 # check_field NAME: a number from the report line ("lost 0", "stale 0", …).
-check_field() { sed -n "s/^cluster: .*[ (]$1 \([0-9]*\).*/\1/p" "$WORK/check.out"; }
+check_field() { sed -n "s/^cluster:.*[ (]$1 \([0-9]*\).*/\1/p" "$WORK/check.out"; }
 
 case_resharding_under_load() {  # 1,000 slots move between primaries while our client writes and reads
-    checked_run 25
+    checked_run
     sleep 5
     local from to p1 p2
     p1=$(primaries | sed -n 1p) p2=$(primaries | sed -n 2p)
@@ -124,8 +127,8 @@ case_resharding_under_load() {  # 1,000 slots move between primaries while our c
     timeout 300 "$CLI912" --cluster reshard "$RDMA_ADDR:$p1" --cluster-from "$from" --cluster-to "$to" \
         --cluster-slots 1000 --cluster-yes > "$WORK/reshard.log" 2>&1 || { tail -n 5 "$WORK/reshard.log"; fail "reshard"; return 1; }
     note "1,000 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
-    wait "$CHECK_PID"
-    sed 's/^/# /' "$WORK/check.out"
+    sleep 2
+    stop_checked_run
     wait_cluster_ok || return 1
     local slots; slots=$("$CLI912" -p "$p2" CLUSTER NODES | awk '/myself/ { n = 0; for (i = 9; i <= NF; i++) { split($i, r, "-"); n += (r[2] == "" ? 1 : r[2] - r[1] + 1) } print n }')
     note "primary :$p2 now serves $slots slots"
@@ -138,17 +141,23 @@ case_resharding_under_load() {  # 1,000 slots move between primaries while our c
 }
 
 case_failover_under_load() {  # a primary SIGKILLed while our client writes with WAIT: its replica takes over
-    checked_run 30 --wait 200 --tries 10
+    checked_run --wait 200 --tries 10
     sleep 6
     local victim; victim=$(primaries | sed -n 1p)
     local idx; idx=$(port_index "$victim")
     note "SIGKILL of primary :$victim"
     local t0=$SECONDS
     kill -9 "${NODE_PIDS[$idx]}"
+    local i
+    for i in $(seq 1 150); do   # the others mark it failed and promote its replica
+        [ "$(primaries | grep -c .)" = 3 ] && ! primaries | grep -qx "$victim" && break
+        sleep 0.2
+    done
+    primaries | grep -qx "$victim" && { fail "no replica took over from :$victim"; return 1; }
     wait_cluster_ok || return 1
-    note "cluster ok again after $((SECONDS - t0)) s: $(cluster_nodes_line)"
-    wait "$CHECK_PID"
-    sed 's/^/# /' "$WORK/check.out"
+    note "a replica took over, cluster ok again after $((SECONDS - t0)) s: $(cluster_nodes_line)"
+    sleep 5   # writes to the new primary
+    stop_checked_run
     local lost_confirmed; lost_confirmed=$(sed -n 's/^cluster: .*lost [0-9]* (confirmed \([0-9]*\)).*/\1/p' "$WORK/check.out")
     note "acknowledged writes lost: $(check_field lost) (of them confirmed by a replica: $lost_confirmed)"
     expect_eq "confirmed writes lost" "$lost_confirmed" 0 || return 1
@@ -160,15 +169,16 @@ case_failover_under_load() {  # a primary SIGKILLed while our client writes with
 }
 
 case_one_node_against_three() {  # numbers: SET/GET over RDMA, one node against the three primaries
-    start_server single "$VALKEY_912/src/valkey-server" --loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 2 || return 1
+    start_server single "$VALKEY_912/src/valkey-server" --loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 20000 -c 8 -P 16 -q > "$WORK/one.log" 2>&1
     timeout 300 "$BENCH912" --cluster --rdma -h "$RDMA_ADDR" -p "${NODE_PORTS[0]}" -t set,get -n 20000 -c 8 -P 16 -q > "$WORK/three.log" 2>&1
     local t one three
     for t in SET GET; do
         one=$(bench_rps "$WORK/one.log" "$t") three=$(bench_rps "$WORK/three.log" "$t")
         note "$t -c 8 -P 16: one node ${one:-none} req/s, three primaries ${three:-none} req/s (one guest, 2 vCPUs: all nodes and the client share them)"
-        awk -v a="${one:-0}" -v b="${three:-0}" 'BEGIN { exit !(a > 0 && b > 0) }' || return 1
+        awk -v a="${one:-0}" -v b="${three:-0}" 'BEGIN { exit !(a > 0 && b > 0) }' || { kill "$SERVER_PID"; return 1; }
     done
+    kill "$SERVER_PID"
 }
 
 for impl in ours c; do

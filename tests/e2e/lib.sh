@@ -64,7 +64,7 @@ run_case() {
     else
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name"); echo "not ok - $name ($((SECONDS - t0)) s)"
     fi
-    stop_all_servers
+    [ -n "${KEEP_SERVERS:-}" ] || stop_all_servers   # a cluster outlives its cases
 }
 
 fail() { echo "FAIL: $*"; return 1; }
