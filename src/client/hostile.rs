@@ -42,6 +42,15 @@ fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
     b
 }
 
+/// Reads exactly `buf.len()` bytes (a reply of known length).
+fn read_exact(s: &mut RdmaStream, buf: &mut [u8]) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        got += s.read(&mut buf[got..])?;
+    }
+    Ok(())
+}
+
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
 pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
     if case == "no-rtu" {
@@ -108,11 +117,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             let mut cmd = Vec::new();
             resp::encode(&[b"SET", b"hostile:mid", &vec![b'y'; 1_000_000]], &mut cmd);
             s.write_all(&cmd)?;
-            let mut ok = [0u8; 5];
-            let mut got = 0;
-            while got < ok.len() {
-                got += s.read(&mut ok[got..])?;
-            }
+            read_exact(&mut s, &mut [0u8; 5])?; // +OK\r\n
             let mut get = Vec::new();
             resp::encode(&[b"GET", b"hostile:mid"], &mut get);
             let (addr, key) = (s.ep.rx_addr(), s.ep.rx_key());
@@ -151,11 +156,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
         // only the server's keepalive, unanswered, can notice (docs/protocol.md §5).
         "vanish" => {
             s.write_all(b"PING\r\n")?;
-            let mut pong = [0u8; 7];
-            let mut got = 0;
-            while got < pong.len() {
-                got += s.read(&mut pong[got..])?;
-            }
+            read_exact(&mut s, &mut [0u8; 7])?; // +PONG\r\n
             s.endpoint().fall_silent()?;
             eprintln!("vanish: silent from now on");
             std::thread::sleep(hold);

@@ -240,7 +240,8 @@ fn accept_one(id: CmId) {
     if knobs::fire(Knob::PanicInAccept) {
         panic!("test knob panic-accept");
     }
-    let peer = id.peer_addr();
+    // named once, for the refusal lines below (the id is consumed by then)
+    let peer = id.peer_addr().map_or("?".into(), |p| p.to_string());
     let conn_channel = match conn_events() {
         Ok(ch) => ch,
         Err(e) => return log::warn!("{}", explain(&e, None)),
@@ -251,10 +252,7 @@ fn accept_one(id: CmId) {
     };
     if let Err(e) = migrated {
         stats::rejected(Rejected::Migrate);
-        return super::log_limited(format_args!(
-            "RDMA: client {} refused: {e}",
-            peer.map_or("?".into(), |p| p.to_string())
-        ));
+        return super::log_limited(format_args!("RDMA: client {peer} refused: {e}"));
     }
     let g = global();
     // Every connection starts with a small RX buffer and grows it, up to rdma-rx-size,
@@ -270,10 +268,7 @@ fn accept_one(id: CmId) {
             } else {
                 ""
             };
-            return super::log_limited(format_args!(
-                "RDMA: client {} refused: {e}{hint}",
-                peer.map_or("?".into(), |p| p.to_string())
-            ));
+            return super::log_limited(format_args!("RDMA: client {peer} refused: {e}{hint}"));
         }
     };
     let fd = ep.comp_fd();
