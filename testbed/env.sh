@@ -7,7 +7,9 @@ PROJECT_ROOT=$(dirname "$TESTBED_SCRIPTS")
 # Guest kernel: bookworm's stock kernel, whose rdma_rxe is a module.
 GUEST_KERNEL_META=${GUEST_KERNEL_META:-linux-image-amd64}
 GUEST_KROOT="$TESTBED/kernel"
-GUEST_INITRD="$TESTBED/kernel/initramfs.cpio.gz"
+# The initramfs is named by the scripts that make it, so that checkouts with different
+# versions of them (a worktree, CI's clone) each boot their own.
+GUEST_INITRD="$TESTBED/kernel/initramfs-$(cat "$TESTBED_SCRIPTS/build-initramfs.sh" "$TESTBED_SCRIPTS/guest-init.sh" | sha1sum | cut -c1-12).cpio.gz"
 # The address rxe is given inside the guest (a dummy interface that exists only there).
 GUEST_RDMA_ADDR=${GUEST_RDMA_ADDR:-10.77.0.1}
 # Reference builds (layout other tools rely on; see README "Test bed").

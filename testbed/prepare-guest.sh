@@ -25,8 +25,7 @@ if [ ! -f "$GUEST_KROOT/vmlinux" ]; then
     python3 "$TESTBED_SCRIPTS/extract-vmlinux.py" "$GUEST_KROOT"/root/boot/vmlinuz-* "$GUEST_KROOT/vmlinux.tmp" \
         && mv "$GUEST_KROOT/vmlinux.tmp" "$GUEST_KROOT/vmlinux"
 fi
-if [ ! -f "$GUEST_INITRD" ] || [ "$TESTBED_SCRIPTS/guest-init.sh" -nt "$GUEST_INITRD" ] \
-   || [ "$TESTBED_SCRIPTS/build-initramfs.sh" -nt "$GUEST_INITRD" ]; then
+if [ ! -f "$GUEST_INITRD" ]; then
     "$TESTBED_SCRIPTS/build-initramfs.sh" "$GUEST_KROOT/root" "$GUEST_INITRD"
 fi
 log "guest ready: kernel $KVER"

@@ -105,6 +105,69 @@ case_our_cluster_client() {  # IMPL: valkey-rdma-cli -c: one command, and 1,000 
         "$(for i in 1 250 500; do "$CLI912" -c -p "$seed" GET "ours:$i"; done | tr '\n' ' ')" "v1 v250 v500 " || return 1
 }
 
+# migrate_slot_begin SLOT SRC DST [KEY...]: SLOT half migrated from primary SRC to DST
+# (IMPORTING on DST, MIGRATING on SRC), and the KEYs (default: all the slot's keys)
+# moved with MIGRATE: SRC now answers ASK for them.
+migrate_slot_begin() {
+    local slot=$1 src=$2 dst=$3; shift 3
+    "$CLI912" -p "$dst" CLUSTER SETSLOT "$slot" IMPORTING "$(node_id "$src")" > /dev/null || return 1
+    "$CLI912" -p "$src" CLUSTER SETSLOT "$slot" MIGRATING "$(node_id "$dst")" > /dev/null || return 1
+    if [ $# -gt 0 ]; then migrate_keys "$src" "$dst" "$@"
+    else migrate_keys "$src" "$dst" $("$CLI912" -p "$src" CLUSTER GETKEYSINSLOT "$slot" 1000); fi
+}
+migrate_keys() {  # SRC DST [KEY...]
+    local src=$1 dst=$2; shift 2
+    [ $# = 0 ] || "$CLI912" -p "$src" MIGRATE "$RDMA_ADDR" "$dst" "" 0 5000 KEYS "$@" | grep -q OK
+}
+# migrate_slot_end SLOT DST: SLOT belongs to DST, told to every primary (as valkey-cli
+# --cluster reshard does).
+migrate_slot_end() {
+    local slot=$1 dst=$2 id p
+    id=$(node_id "$dst")
+    "$CLI912" -p "$dst" CLUSTER SETSLOT "$slot" NODE "$id" > /dev/null || return 1
+    for p in $(primaries); do [ "$p" = "$dst" ] || "$CLI912" -p "$p" CLUSTER SETSLOT "$slot" NODE "$id" > /dev/null; done
+}
+# slot_owner SLOT: the port of the primary that serves SLOT.
+slot_owner() {
+    local p
+    for p in $(primaries); do
+        "$CLI912" -p "$p" CLUSTER NODES | awk -v s="$1" '/myself/ { for (i = 9; i <= NF; i++) { n = split($i, r, "-"); if (n == 1 && r[1] == s || n == 2 && s >= r[1] && s <= r[2]) f = 1 } } END { exit !f }' \
+            && { echo "$p"; return; }
+    done
+}
+
+case_ask_followed() {  # IMPL: a slot half migrated: valkey-cli -c --rdma and valkey-rdma-cli -c follow ASK
+    local slot src dst c
+    slot=$("$CLI912" -p "${NODE_PORTS[0]}" CLUSTER KEYSLOT '{askcase}')
+    src=$(slot_owner "$slot") dst=$(primaries | grep -vx "$src" | head -n1)
+    "$CLI912" -p "$src" SET '{askcase}.moved' one > /dev/null && "$CLI912" -p "$src" SET '{askcase}.stays' two > /dev/null || return 1
+    migrate_slot_begin "$slot" "$src" "$dst" '{askcase}.moved' || { fail "could not start migrating slot $slot"; return 1; }
+    local ask; ask=$("$CLI912" -p "$src" GET '{askcase}.moved' 2>&1)
+    note "slot $slot half migrated :$src -> :$dst; a plain GET at the source answers: $ask"
+    [[ "$ask" == *"ASK $slot "*":$dst" ]] || { fail "the source does not answer ASK"; return 1; }
+    for c in upstream ours; do
+        local get_moved get_stays set_new
+        if [ $c = upstream ]; then
+            get_moved=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" GET '{askcase}.moved' 2>&1)
+            get_stays=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" GET '{askcase}.stays' 2>&1)
+            set_new=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" SET "{askcase}.new-$c" v 2>&1)
+        else
+            get_moved=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" GET '{askcase}.moved' 2>&1)
+            get_stays=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" GET '{askcase}.stays' 2>&1)
+            set_new=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" SET "{askcase}.new-$c" v 2>&1)
+        fi
+        note "$c client: GET moved key -> $get_moved, GET key still at the source -> $get_stays, SET new key -> $set_new"
+        expect_eq "$c: GET of the migrated key (ASK followed, ASKING sent)" "$get_moved" one || return 1
+        expect_eq "$c: GET of the key not yet migrated (served by the source)" "$get_stays" two || return 1
+        expect_eq "$c: SET of a new key in the migrating slot (created at the target)" "$set_new" OK || return 1
+    done
+    expect_eq "keys of the slot at the target: the moved one and the two new ones" "$("$CLI912" -p "$dst" CLUSTER COUNTKEYSINSLOT "$slot")" 3 || return 1
+    migrate_keys "$src" "$dst" $("$CLI912" -p "$src" CLUSTER GETKEYSINSLOT "$slot" 1000) && migrate_slot_end "$slot" "$dst" \
+        || { fail "could not finish the migration"; return 1; }
+    expect_eq "after the migration, our client reads every key" \
+        "$(for k in moved stays new-upstream new-ours; do timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" GET "{askcase}.$k"; done | tr '\n' ' ')" "one two v v " || return 1
+}
+
 # checked_run [bench args...]: valkey-rdma-bench --cluster in the background until
 # stop_checked_run; sets CHECK_PID.
 checked_run() {
@@ -138,6 +201,31 @@ case_resharding_under_load() {  # 1,000 slots move between primaries while our c
     local moved; moved=$(sed -n 's/^cluster client: moved \([0-9]*\) ask \([0-9]*\).*/\1+\2/p' "$WORK/check.out")
     note "redirections followed (moved+ask): $moved"
     [ "$(check_field writes)" -gt 0 ] || { fail "nothing written"; return 1; }
+}
+
+case_ask_under_load() {  # 40 slots held half migrated while our checked client writes and reads: it meets ASK
+    checked_run
+    sleep 8   # every key written once
+    local src dst slots=() k s
+    src=$(primaries | sed -n 1p) dst=$(primaries | sed -n 2p)
+    for k in $("$CLI912" -p "$src" --scan --pattern 'check:*' | head -n 200); do
+        s=$("$CLI912" -p "$src" CLUSTER KEYSLOT "$k")
+        [[ " ${slots[*]} " == *" $s "* ]] || slots+=("$s")
+        [ ${#slots[@]} -ge 40 ] && break
+    done
+    [ ${#slots[@]} -ge 40 ] || { stop_checked_run; fail "found only ${#slots[@]} slots with keys on :$src"; return 1; }
+    for s in "${slots[@]}"; do migrate_slot_begin "$s" "$src" "$dst" || { stop_checked_run; fail "slot $s"; return 1; }; done
+    note "40 slots half migrated :$src -> :$dst, their keys moved; held so for 10 s"
+    sleep 10
+    for s in "${slots[@]}"; do migrate_slot_end "$s" "$dst" || { stop_checked_run; fail "slot $s not handed over"; return 1; }; done
+    sleep 3
+    stop_checked_run
+    wait_cluster_ok || return 1
+    local ask; ask=$(sed -n 's/^cluster client: moved [0-9]* ask \([0-9]*\).*/\1/p' "$WORK/check.out")
+    note "ASK redirections followed: $ask"
+    [ "${ask:-0}" -gt 0 ] || { fail "the client never met ASK"; return 1; }
+    expect_eq "acknowledged writes lost" "$(check_field lost)" 0 || return 1
+    expect_eq "stale reads" "$(check_field stale)" 0 || return 1
 }
 
 case_failover_under_load() {  # a primary SIGKILLed while our client writes with WAIT: its replica takes over
@@ -190,9 +278,11 @@ for impl in ours c; do
     run_case "cluster ($impl): valkey-benchmark --cluster --rdma" case_benchmark_cluster
     [ $DEMO = yes ] && { stop_cluster; break; }
     run_case "cluster ($impl): our client, valkey-rdma-cli -c" case_our_cluster_client
+    run_case "cluster ($impl): a half-migrated slot: ASK followed by valkey-cli -c and valkey-rdma-cli -c" case_ask_followed
     if [ "$impl" = ours ]; then
         run_case "cluster (ours): one node against three primaries" case_one_node_against_three
         run_case "cluster (ours): 1,000 slots resharded under RDMA load" case_resharding_under_load
+        run_case "cluster (ours): 40 slots half migrated under RDMA load (ASK)" case_ask_under_load
         run_case "cluster (ours): failover of a primary under RDMA load" case_failover_under_load
     fi
     stop_cluster
