@@ -204,6 +204,10 @@ struct Side {
     landed: u64,
     landed_end: u32,
     registered_once: bool,
+    /// Adaptive RX window: the size being prepared off the event loop, and the
+    /// prepared buffer the next hand-back names.
+    preparing: Option<u32>,
+    prepared: Option<RxBuffer>,
     // the driver
     pending: bool,
     in_run: bool,
@@ -259,6 +263,8 @@ impl Side {
             fail_next_post: false,
             landed: 0,
             landed_end: 0,
+            preparing: None,
+            prepared: None,
             registered_once: false,
             pending: false,
             in_run: false,
@@ -680,32 +686,52 @@ impl Sim {
         Some((wr, signaled))
     }
 
-    /// The driver's part of an adaptive RX window: a new, larger buffer at a hand-back
-    /// (sometimes the allocation fails and the old one is kept).
-    fn regrow_rx(&mut self, s: usize) {
-        let Some(len) = self.sides[s].core.rx_regrow_wanted() else { return };
-        let side = &mut self.sides[s];
-        if side.landed_end != side.rx.len {
-            fail!(
-                self,
-                "{}: RX buffer replaced with only {} of {} bytes landed",
-                NAME[s],
-                side.landed_end,
-                side.rx.len
-            );
+    /// The driver's part of an adaptive RX window, before a read: a larger buffer is
+    /// prepared off the event loop, so it becomes ready at some later read (or cannot
+    /// be made, and the old one is kept).
+    fn prepare_rx(&mut self, s: usize) {
+        if self.sides[s].preparing.is_none() || !self.rng.one_in(3) {
+            return;
         }
+        let len = self.sides[s].preparing.take().unwrap_or_default();
         if self.rng.one_in(8) {
             self.log(|| format!("{} cannot grow its RX buffer to {len}", NAME[s]));
-            self.sides[s].core.rx_replaced(None);
+            self.sides[s].core.rx_growth_ready(None);
         } else {
             let side = &mut self.sides[s];
-            let new = RxBuffer { addr: side.rx.addr + 0x100_0000, len, key: side.rx.key + 100 };
+            let b = RxBuffer { addr: side.rx.addr + 0x100_0000, len, key: side.rx.key + 100 };
+            side.prepared = Some(b);
+            self.log(|| format!("{} has prepared an RX buffer of {len}", NAME[s]));
+            self.sides[s].core.rx_growth_ready(Some(b));
+        }
+    }
+
+    /// After a read: a hand-back that named the prepared buffer swaps it in; a wanted
+    /// growth starts being prepared.
+    fn grow_rx(&mut self, s: usize) {
+        if self.sides[s].core.take_rx_swap() {
+            let side = &mut self.sides[s];
+            let Some(new) = side.prepared.take() else {
+                fail!(self, "{}: RX buffer swapped without a prepared one", NAME[s]);
+            };
+            if side.landed_end != side.rx.len {
+                fail!(
+                    self,
+                    "{}: RX buffer replaced with only {} of {} bytes landed",
+                    NAME[s],
+                    side.landed_end,
+                    side.rx.len
+                );
+            }
+            let side = &mut self.sides[s];
             side.rx = new;
-            side.rx_buf = vec![0; len as usize];
-            side.landed_end = len; // the old buffer was full: the hand-back check below
+            side.rx_buf = vec![0; new.len as usize];
+            side.landed_end = new.len; // the old buffer was full: the hand-back check below
             stat(|x| &x.rx_grown);
-            self.log(|| format!("{} grows its RX buffer to {len}", NAME[s]));
-            self.sides[s].core.rx_replaced(Some(new));
+            self.log(|| format!("{} grows its RX buffer to {}", NAME[s], new.len));
+        }
+        if let Some(len) = self.sides[s].core.take_rx_growth_wanted() {
+            self.sides[s].preparing = Some(len);
         }
     }
 
@@ -1086,6 +1112,7 @@ impl Sim {
             return; // a client about to be freed is not read any more
         }
         let max = self.rng.range(1, self.sides[s].max_read as u64) as usize;
+        self.prepare_rx(s);
         let r = self.sides[s].core.read(max);
         match r {
             Ok(range) => {
@@ -1105,7 +1132,7 @@ impl Sim {
                     );
                 }
                 self.sides[s].received += got.len() as u64;
-                self.regrow_rx(s);
+                self.grow_rx(s);
                 self.flush_control(s);
                 if in_handler && self.rng.one_in(3) {
                     // a command, answered with a reply

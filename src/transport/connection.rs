@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
 use super::stats::{self, STATS};
+use super::worker::Slot;
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
 use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::{ConnState, ServerHandler};
-use crate::verbs::{Completion, Endpoint, VerbsOp};
+use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp};
 
 /// Completions handled per connection per wake-up (fault of review: a peer sending
 /// Keepalives or empty writes as fast as it can kept the main thread in its drain).
@@ -35,6 +36,10 @@ struct Inner {
     core: Conn,
     /// Reused for each poll of the completion queue (no allocation per event).
     completions: Vec<Completion>,
+    /// A larger RX buffer being registered off the event loop, and the one registered
+    /// and waiting for the next hand-back (docs/protocol.md §4.3).
+    rx_preparing: Option<Slot<Result<PreparedRx, VerbsError>>>,
+    rx_prepared: Option<PreparedRx>,
 }
 
 impl Inner {
@@ -70,7 +75,13 @@ impl RdmaConnection {
         RdmaConnection {
             peer,
             local,
-            state: Mutex::new(Inner { ep: Some(ep), core, completions: Vec::with_capacity(COMPLETIONS_PER_WAKEUP) }),
+            state: Mutex::new(Inner {
+                ep: Some(ep),
+                core,
+                completions: Vec::with_capacity(COMPLETIONS_PER_WAKEUP),
+                rx_preparing: None,
+                rx_prepared: None,
+            }),
         }
     }
 
@@ -128,23 +139,37 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
 pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let mut g = c.inner.lock();
     let inner = &mut *g;
+    // A larger RX buffer registered in the background is offered at the next hand-back
+    // (adaptive RX window, docs/protocol.md §4.3).
+    if let Some(done) = inner.rx_preparing.as_ref().and_then(|slot| slot.take()) {
+        inner.rx_preparing = None;
+        match done {
+            Ok(prepared) => {
+                inner.core.rx_growth_ready(Some(prepared.region()));
+                inner.rx_prepared = Some(prepared);
+            }
+            Err(e) => {
+                log::debug!("RDMA client {}: RX buffer not grown: {e}", c.inner.peer_name());
+                inner.core.rx_growth_ready(None);
+            }
+        }
+    }
     let ep = inner.ep.as_mut()?;
     let range = inner.core.read(buf.len()).ok()?;
     buf[..range.len()].copy_from_slice(&ep.rx_bytes()[range.clone()]);
-    // A full buffer was consumed and the client wants more room: a larger one goes with
-    // the hand-back (adaptive RX window, docs/protocol.md §4.3).
-    if let Some(len) = inner.core.rx_regrow_wanted() {
-        let new = match ep.replace_rx(len) {
-            Ok(()) => {
-                stats::add(&STATS.rx_grown, 1);
-                Some(ep.rx_region())
-            }
-            Err(e) => {
-                log::debug!("RDMA client {}: RX buffer not grown to {len}: {e}", c.inner.peer_name());
-                None
-            }
-        };
-        inner.core.rx_replaced(new);
+    // The hand-back this read queued names the prepared buffer: it becomes the RX
+    // buffer now that the bytes are copied out, before the message goes.
+    if inner.core.take_rx_swap() {
+        if let Some(new) = inner.rx_prepared.take() {
+            ep.install_rx(new);
+            stats::add(&STATS.rx_grown, 1);
+        }
+    }
+    if let Some(len) = inner.core.take_rx_growth_wanted() {
+        match ep.rx_preparation(len) {
+            Some(job) => inner.rx_preparing = Some(Slot::spawn(move || job.run())),
+            None => inner.core.rx_growth_ready(None),
+        }
     }
     // Only now may a RegisterXferMemory the read queued go out: the client writes over
     // these bytes once it has it (docs/protocol.md §4.3).
@@ -420,7 +445,10 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
 
 /// Releases the verbs resources (disconnecting the peer first), outside the lock.
 pub(crate) fn teardown(c: &HostedConn) {
-    let ep = c.inner.lock().ep.take();
+    let (ep, _prepared, _preparing) = {
+        let mut g = c.inner.lock();
+        (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())
+    };
     if let Some(ep) = ep {
         ep.disconnect();
         drop(ep);
@@ -431,7 +459,8 @@ pub(crate) fn teardown(c: &HostedConn) {
 /// For INFO: (pinned bytes, the peer's RX window, our RX window) of a live connection.
 pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
     let g = c.inner.lock();
-    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes()), g.core.tx().len().into(), g.core.rx().len().into())
+    let prepared = g.rx_prepared.as_ref().map_or(0, |p| p.pinned_bytes());
+    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared), g.core.tx().len().into(), g.core.rx().len().into())
 }
 
 pub(crate) fn set_cm_context(c: &HostedConn) {

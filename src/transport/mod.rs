@@ -18,6 +18,7 @@ pub(crate) mod connection;
 pub(crate) mod knobs;
 pub(crate) mod listener;
 pub(crate) mod stats;
+pub(crate) mod worker;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_int;

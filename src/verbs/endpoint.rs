@@ -5,6 +5,8 @@
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 use rdma_sys::*;
 
@@ -59,7 +61,9 @@ pub enum Completion {
 
 pub struct Endpoint {
     id: ManuallyDrop<CmId>,
-    pd: *mut ibv_pd,
+    /// Shared with RX buffers being prepared off the event loop ([`RxPreparation`]):
+    /// the domain is freed by whichever drops last, after every region on it.
+    pd: Option<Arc<ProtectionDomain>>,
     comp_channel: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
     ctrl_buf: PinnedBuffer,
@@ -113,7 +117,7 @@ impl Endpoint {
         let rx_buf = PinnedBuffer::new(cfg.rx_size as usize).map_err(|e| refuse(&id, e))?;
         let mut ep = Endpoint {
             id: ManuallyDrop::new(id),
-            pd: std::ptr::null_mut(),
+            pd: None,
             comp_channel: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
             ctrl_buf,
@@ -141,10 +145,9 @@ impl Endpoint {
         // here is stored in `ep` at once, so Drop releases whatever was made before a
         // failure, in reverse order.
         unsafe {
-            ep.pd = (l.ibv_alloc_pd)(verbs);
-            if ep.pd.is_null() {
-                return Err(VerbsError::last(VerbsOp::AllocPd));
-            }
+            let pd = ProtectionDomain::alloc(verbs)?;
+            let pd_ptr = pd.as_ptr();
+            ep.pd = Some(pd);
             ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
             if ep.comp_channel.is_null() {
                 return Err(VerbsError::last(VerbsOp::CreateCompChannel));
@@ -170,7 +173,7 @@ impl Endpoint {
             attr.cap.max_recv_wr = RX_SLOTS as u32;
             attr.cap.max_send_sge = 1;
             attr.cap.max_recv_sge = 1;
-            if (l.rdma_create_qp)(ep.id.as_ptr(), ep.pd, &mut attr) != 0 {
+            if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
                 return Err(VerbsError::last(VerbsOp::CreateQp));
             }
             ep.ctrl_mr = ep.register(
@@ -193,13 +196,9 @@ impl Endpoint {
     /// # Safety
     /// `addr..addr + len` must stay mapped until the region is deregistered.
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
-        // SAFETY: per the contract; the protection domain is live.
-        let mr = unsafe { (loaded().ibv_reg_mr)(self.pd, addr.cast(), len, access) };
-        if mr.is_null() {
-            // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
-            return Err(VerbsError::last(VerbsOp::RegMr));
-        }
-        Ok(mr)
+        let Some(pd) = self.pd.as_ref() else { return Err(VerbsError::with(VerbsOp::RegMr, libc::ENODEV)) };
+        // SAFETY: per the contract; the protection domain is live while `self` holds it.
+        unsafe { pd.register(addr, len, access) }
     }
 
     /// Memory this endpoint has registered now (control slots, RX, TX and any retired
@@ -365,20 +364,25 @@ impl Endpoint {
         }
     }
 
-    /// Replaces the RX buffer with a new one of `len` bytes (the adaptive RX window,
-    /// docs/protocol.md §4.3). Only at a hand-back: the peer filled the old buffer
-    /// completely and waits for the RegisterXferMemory naming the new one, so no write
-    /// of its can still target the old one, which is freed here.
-    pub fn replace_rx(&mut self, len: u32) -> Result<()> {
-        let buf = PinnedBuffer::new(len as usize)?;
-        // SAFETY: the buffer is live and owned by self from here on (below).
-        let mr = unsafe { self.register(buf.as_ptr(), len as usize, remote_access())? };
+    /// What it takes to make a larger RX buffer of `len` bytes on this endpoint's
+    /// protection domain, to be run off the event loop (the adaptive RX window,
+    /// docs/protocol.md §4.3): registering 1 MiB blocked the loop long enough to show in
+    /// every connection's p99 latency.
+    pub fn rx_preparation(&self, len: u32) -> Option<RxPreparation> {
+        self.pd.as_ref().map(|pd| RxPreparation { pd: Arc::clone(pd), len })
+    }
+
+    /// Makes a prepared buffer the RX buffer. Only at a hand-back that names it: the
+    /// peer filled the old buffer completely and waits for that RegisterXferMemory, so
+    /// no write of its can still target the old one, which is freed here.
+    pub fn install_rx(&mut self, mut new: PreparedRx) {
+        let (Some(buf), false) = (new.buf.take(), new.mr.is_null()) else { return };
+        let mr = std::mem::replace(&mut new.mr, std::ptr::null_mut());
         let old_mr = std::mem::replace(&mut self.rx_mr, mr);
         let old_buf = std::mem::replace(&mut self.rx_buf, buf);
         // SAFETY: per the doc comment, nothing reads or writes the old region any more.
         unsafe { (loaded().ibv_dereg_mr)(old_mr) };
         drop(old_buf);
-        Ok(())
     }
 
     /// Whether the send queue can take a data write now.
@@ -574,9 +578,106 @@ impl Drop for Endpoint {
             if !self.comp_channel.is_null() {
                 (l.ibv_destroy_comp_channel)(self.comp_channel);
             }
-            if !self.pd.is_null() {
-                (l.ibv_dealloc_pd)(self.pd);
-            }
+        }
+        // Last: the protection domain, once nothing made on it here is left (a buffer
+        // still being prepared holds its own reference).
+        self.pd = None;
+    }
+}
+
+/// A protection domain, shared by an endpoint and the RX buffers prepared for it off
+/// the event loop; freed when the last holder drops it.
+pub struct ProtectionDomain(NonNull<ibv_pd>);
+
+// SAFETY: a verbs object; libibverbs is thread-safe for registering memory on a PD
+// from several threads, and it is freed exactly once (Drop).
+unsafe impl Send for ProtectionDomain {}
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    /// # Safety
+    /// `verbs` must be a live device context that outlives the domain (rdma_cm keeps
+    /// its devices open).
+    unsafe fn alloc(verbs: *mut ibv_context) -> Result<Arc<ProtectionDomain>> {
+        // SAFETY: per the contract.
+        let pd = unsafe { (loaded().ibv_alloc_pd)(verbs) };
+        NonNull::new(pd).map(|p| Arc::new(ProtectionDomain(p))).ok_or_else(|| VerbsError::last(VerbsOp::AllocPd))
+    }
+    fn as_ptr(&self) -> *mut ibv_pd {
+        self.0.as_ptr()
+    }
+    /// # Safety
+    /// `addr..addr + len` must stay mapped until the region is deregistered, and the
+    /// region must be deregistered before the domain is freed.
+    unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
+        // SAFETY: per the contract; the domain is live while self is.
+        let mr = unsafe { (loaded().ibv_reg_mr)(self.as_ptr(), addr.cast(), len, access) };
+        if mr.is_null() {
+            // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
+            return Err(VerbsError::last(VerbsOp::RegMr));
+        }
+        Ok(mr)
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every holder of a region on this domain holds the domain too, and
+        // deregisters its region before letting go of it; the QP was destroyed first
+        // by the endpoint's Drop.
+        unsafe { (loaded().ibv_dealloc_pd)(self.as_ptr()) };
+    }
+}
+
+/// The job of making a larger RX buffer ([`Endpoint::rx_preparation`]); `Send`, so it
+/// can run on another thread.
+pub struct RxPreparation {
+    pd: Arc<ProtectionDomain>,
+    len: u32,
+}
+
+impl RxPreparation {
+    /// Maps and registers the buffer (the slow part: the kernel pins every page).
+    pub fn run(self) -> Result<PreparedRx> {
+        let buf = PinnedBuffer::new(self.len as usize)?;
+        // SAFETY: the buffer is moved into the result with its region, which
+        // deregisters before unmapping and before releasing the domain (PreparedRx).
+        let mr = unsafe { self.pd.register(buf.as_ptr(), self.len as usize, remote_access())? };
+        Ok(PreparedRx { mr, buf: Some(buf), _pd: self.pd })
+    }
+}
+
+/// A registered RX buffer not yet in use ([`Endpoint::install_rx`]); dropped unused, it
+/// deregisters, unmaps, then lets go of the domain (field order).
+pub struct PreparedRx {
+    mr: *mut ibv_mr,
+    buf: Option<PinnedBuffer>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: owns its region and buffer outright; moved between threads whole.
+unsafe impl Send for PreparedRx {}
+
+impl PreparedRx {
+    /// Where it is, as RegisterXferMemory will name it.
+    pub fn region(&self) -> RxBuffer {
+        let addr = self.buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
+        // SAFETY: the MR is live while self holds it.
+        let (len, key) =
+            if self.mr.is_null() { (0, 0) } else { unsafe { ((*self.mr).length as u32, (*self.mr).rkey) } };
+        RxBuffer { addr, len, key }
+    }
+    /// Memory it pins, in bytes.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.buf.as_ref().map_or(0, |b| b.len() as u64)
+    }
+}
+
+impl Drop for PreparedRx {
+    fn drop(&mut self) {
+        if !self.mr.is_null() {
+            // SAFETY: registered for `buf` on `_pd`, both still held; never posted.
+            unsafe { (loaded().ibv_dereg_mr)(self.mr) };
         }
     }
 }

@@ -16,7 +16,7 @@ mod system;
 mod tx_buffers;
 
 pub use dynlib::{lib, Lib};
-pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig};
+pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, RxPreparation};
 pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
 pub use system::{device_count, fork_init, memlock_limit, wait_readable};
 

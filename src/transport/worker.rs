@@ -1,0 +1,100 @@
+//! One background thread for the slow verbs work that must not block the event loop:
+//! registering a larger RX buffer (docs/protocol.md §4.3, adaptive RX window). Jobs run
+//! in order; a result goes back through the job's own slot, which the connection
+//! collects at its next read. Without the thread (it could not be started), a job runs
+//! where it is submitted.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
+
+type Job = Box<dyn FnOnce() + Send>;
+
+static WORKER: OnceLock<Option<Mutex<Sender<Job>>>> = OnceLock::new();
+
+fn start() -> Option<Mutex<Sender<Job>>> {
+    let (tx, rx) = channel::<Job>();
+    let spawned = std::thread::Builder::new().name("rdma-prepare".into()).spawn(move || {
+        for job in rx {
+            // A panic in one job (a bug) must not end the thread for the others.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        }
+    });
+    match spawned {
+        Ok(_) => Some(Mutex::new(tx)),
+        Err(e) => {
+            log::warn!("RDMA: no background thread for buffer registration ({e}); registering on the event loop");
+            None
+        }
+    }
+}
+
+/// Runs `job` on the background thread (or here, if there is none).
+pub(crate) fn submit(job: impl FnOnce() + Send + 'static) {
+    let job: Job = Box::new(job);
+    let job = match WORKER.get_or_init(start) {
+        Some(tx) => match tx.lock().unwrap_or_else(|p| p.into_inner()).send(job) {
+            Ok(()) => return,
+            Err(returned) => returned.0,
+        },
+        None => job,
+    };
+    job();
+}
+
+/// Where a job leaves its result for the submitter to collect.
+pub(crate) struct Slot<T>(Arc<Mutex<Option<T>>>);
+
+impl<T: Send + 'static> Slot<T> {
+    /// Runs `make` on the background thread; its result waits in the slot.
+    pub(crate) fn spawn(make: impl FnOnce() -> T + Send + 'static) -> Slot<T> {
+        let slot = Arc::new(Mutex::new(None));
+        let out = Arc::clone(&slot);
+        submit(move || {
+            let v = make();
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        });
+        Slot(slot)
+    }
+
+    /// The result, once the job has finished.
+    pub(crate) fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_slot_receives_the_jobs_result_from_the_background_thread() {
+        let here = std::thread::current().id();
+        let slot = Slot::spawn(move || std::thread::current().id() != here);
+        let t0 = Instant::now();
+        let ran_elsewhere = loop {
+            if let Some(v) = slot.take() {
+                break v;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "the job never finished");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(ran_elsewhere, "the job ran on the submitting thread");
+        assert!(slot.take().is_none(), "a result is taken once");
+    }
+
+    #[test]
+    fn a_panicking_job_does_not_stop_the_ones_after_it() {
+        submit(|| panic!("a job that fails"));
+        let slot = Slot::spawn(|| 42);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Some(v) = slot.take() {
+                assert_eq!(v, 42);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the job after a panicking one never ran");
+    }
+}
