@@ -264,9 +264,14 @@ fn accept_one(id: CmId) {
         Err(e) => {
             stats::rejected(Rejected::Resources);
             let hint = if e.op == VerbsOp::RegMr && e.errno == libc::ENOMEM {
-                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)"
+                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)".to_string()
+            } else if e.op == VerbsOp::MapCount {
+                let (maps, limit) = verbs::map_count_now().unwrap_or_default();
+                format!(
+                    " ({maps} of vm.max_map_count {limit} memory mappings in use, and each RDMA connection needs up to 12: raise vm.max_map_count)"
+                )
             } else {
-                ""
+                String::new()
             };
             return super::log_limited(format_args!("RDMA: client {peer} refused: {e}{hint}"));
         }

@@ -5,6 +5,7 @@
 
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdma_sys::*;
@@ -68,6 +69,10 @@ impl QueueDepths {
         self.send >= 2 && self.recv >= 1 && self.recv as u64 <= WRID_SLOT_MASK
     }
 }
+
+/// Endpoints alive in this process (made and not yet dropped), for the admission by
+/// memory mappings ([`super::map_budget`]).
+static LIVE_ENDPOINTS: AtomicU64 = AtomicU64::new(0);
 
 const WRID_CONTROL: u64 = 1 << 10;
 const WRID_SLOT_MASK: u64 = (1 << 10) - 1;
@@ -167,6 +172,9 @@ impl Endpoint {
         if !depths.valid() {
             return Err(refuse(&id, VerbsError::with(VerbsOp::CreateQp, libc::EINVAL)));
         }
+        // Refused here, before anything is made, while the process still has room for
+        // it and for a TX buffer of every live endpoint (vm.max_map_count).
+        super::map_budget::admit(LIVE_ENDPOINTS.load(Ordering::Relaxed)).map_err(|e| refuse(&id, e))?;
         let shared = match cq {
             Some(cq) => Some(CqAttachment::reserve(cq, verbs, depths.cqes()).map_err(|e| refuse(&id, e))?),
             None => None,
@@ -177,6 +185,7 @@ impl Endpoint {
         let ctrl_buf =
             PinnedBuffer::new((depths.recv as usize + tx_slots) * CONTROL_MESSAGE_LEN).map_err(|e| refuse(&id, e))?;
         let rx_buf = PinnedBuffer::new(cfg.rx_size as usize).map_err(|e| refuse(&id, e))?;
+        LIVE_ENDPOINTS.fetch_add(1, Ordering::Relaxed); // until Drop
         let mut ep = Endpoint {
             id: ManuallyDrop::new(id),
             pd: std::ptr::null_mut(),
@@ -659,6 +668,7 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        LIVE_ENDPOINTS.fetch_sub(1, Ordering::Relaxed);
         let l = loaded();
         // SAFETY: teardown in reverse order of creation. The QP is destroyed with the
         // id (CmId's Drop) before the CQ, MRs and PD it uses; nothing is used after.

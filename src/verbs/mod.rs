@@ -11,6 +11,7 @@
 
 mod dynlib;
 mod endpoint;
+mod map_budget;
 mod resources;
 mod shared_cq;
 mod system;
@@ -18,6 +19,7 @@ mod tx_buffers;
 
 pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, QueueDepths};
+pub use map_budget::map_count_now;
 pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
 pub use shared_cq::{CqBudget, SharedCq, WorkCompletion, MAX_SHARED_CQES};
 pub use system::{device_count, fork_init, memlock_limit, wait_readable};
@@ -46,6 +48,9 @@ pub enum VerbsOp {
     /// Attaching a QP to a shared CQ: no room (`ENOSPC`), another device (`EXDEV`), or
     /// completions of a destroyed QP of the same number still queued (`EBUSY`).
     AttachCq,
+    /// A new endpoint would leave too few memory mappings (`vm.max_map_count`) for the
+    /// live ones (`ENOMEM`; `map_budget`).
+    MapCount,
     CreateQp,
     ModifyQp,
     RegMr,
@@ -87,6 +92,7 @@ impl VerbsOp {
             VerbsOp::CreateCq => "ibv_create_cq",
             VerbsOp::ReqNotifyCq => "ibv_req_notify_cq",
             VerbsOp::AttachCq => "attach to a shared completion queue",
+            VerbsOp::MapCount => "admission by memory mappings (vm.max_map_count)",
             VerbsOp::CreateQp => "rdma_create_qp",
             VerbsOp::ModifyQp => "ibv_modify_qp",
             VerbsOp::RegMr => "ibv_reg_mr",

@@ -7,7 +7,7 @@
 # Runs where RDMA is (the guest); sourced by bench.sh or run alone:
 #   ./runtest-rdma --vm -- 'tests/e2e/idle-capacity.sh 10000'
 # Knobs: IDLE_MAXCLIENTS (default N+100), IDLE_MAX_MAP_COUNT (sysctl vm.max_map_count,
-# default: left as it is), IDLE_CLIENT_ARGS (more valkey-rdma-bench options, e.g.
+# default: left as it is), IDLE_TAG (added to the name: logs of runs apart), IDLE_CLIENT_ARGS (more valkey-rdma-bench options, e.g.
 # "--rx-size 1048576"), IDLE_TIMEOUT (seconds for the client to get them all up, 1200),
 # IDLE_PROCS (client processes sharing the N, default 1: a process's own limits, such
 # as vm.max_map_count, then come later than the server's).
@@ -23,7 +23,7 @@ per_conn() { if [ "${3:-0}" -gt 0 ]; then echo $(( ($1 - $2) / $3 )); else echo 
 # when all N answered both PINGs and the server survived.
 idle_capacity() {
     local n=$1 m=${2:-ours} out=${3:-$WORK}
-    local name="idle-$n-$m" maxclients=${IDLE_MAXCLIENTS:-$((n + 100))}
+    local name="idle-$n-$m${IDLE_TAG:+-$IDLE_TAG}" maxclients=${IDLE_MAXCLIENTS:-$((n + 100))}
     local B=$PROJECT_ROOT/target/release/valkey-rdma-bench
     local log="$out/$name.client.log" stop="$out/$name.stop"
     mkdir -p "$out"; rm -f "$stop"
@@ -93,5 +93,5 @@ idle_capacity() {
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     module_of() { if [ "$1" = c ]; then echo "$VALKEY_912/src/valkey-rdma.so"; else echo "$OUR_MODULE"; fi; }
-    idle_capacity "${1:-10000}" "${2:-ours}" "${3:-$WORK}"
+    IDLE_TAG=${IDLE_TAG:-$$} idle_capacity "${1:-10000}" "${2:-ours}" "${3:-$WORK}"
 fi
