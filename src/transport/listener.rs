@@ -300,7 +300,17 @@ fn accept_one(id: CmId) {
     stats::add(&STATS.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());
     // The server takes over (it may close the connection inside).
+    let probe = c.clone();
     c.hand_to_server();
+    // Closed inside acceptCommonHandler before it accepted: the server refused the
+    // client. For maxclients it logs nothing (only INFO's rejected_connections moves),
+    // so the operator would not learn why clients fail: one (rate-limited) line here.
+    if connection::closed_unaccepted(&probe) {
+        super::log_limited(format_args!(
+            "RDMA: client {} refused by the server as it was handed over (maxclients reached: see rejected_connections in INFO stats)",
+            probe.inner.peer_name()
+        ));
+    }
 }
 
 /// The connections' CM channel is readable: ESTABLISHED, DISCONNECTED, …

@@ -11,7 +11,7 @@
 # "--rx-size 1048576"), IDLE_TIMEOUT (seconds for the client to get them all up, 1200),
 # IDLE_PROCS (client processes sharing the N, default 1: a process's own limits, such
 # as vm.max_map_count, then come later than the server's).
-. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
+declare -F start_server > /dev/null || . "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 
 proc_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 fd_count() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
