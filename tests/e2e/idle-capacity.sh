@@ -15,6 +15,7 @@ declare -F start_server > /dev/null || . "$(dirname "$(readlink -f "${BASH_SOURC
 
 proc_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 fd_count() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 map_count() { wc -l < "/proc/$1/maps" 2>/dev/null; }
 info_field() { "$CLI912" -h 127.0.0.1 -p "$PORT" INFO "$1" 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
 per_conn() { if [ "${3:-0}" -gt 0 ]; then echo $(( ($1 - $2) / $3 )); else echo "-"; fi; }
@@ -56,7 +57,10 @@ idle_capacity() {
         sleep 1
     done
     echo "clients up after $((SECONDS - t0)) s:"; grep -h '^idle:' "${logs[@]}"
+    local cpu0 cpu1; cpu0=$(cpu_ticks "$spid")
     sleep 7   # past two keepalive ticks: TX buffers of idle connections released
+    cpu1=$(cpu_ticks "$spid")
+    echo "server CPU while holding: $(( (${cpu1:-0} - ${cpu0:-0}) * 100 / $(getconf CLK_TCK) / 7 )) % of a core (7 s)"
     local held=0 h cc rej rss pin fds maps crss=0 cpin=0 cfds=0 cmaps=0 c
     for l in "${logs[@]}"; do
         h=$(sed -n 's/^idle: holding \([0-9]*\) connections/\1/p' "$l"); held=$((held + ${h:-0}))
