@@ -210,6 +210,30 @@ pub fn memlock(clients: u64, rx_size: u32) -> Check {
     }
 }
 
+/// `vm.max_map_count` against the memory mappings of `clients` connections: each RDMA
+/// connection maps its buffers (with guard pages) and the device's queues, so at the
+/// default 65530 a server holds 5,000 to 6,000 connections; beyond that the module
+/// refuses new ones (one log line naming this setting) rather than fail held ones.
+pub fn map_count(clients: u64) -> Check {
+    let need = verbs::maps_for_clients(clients);
+    match verbs::max_map_count() {
+        None => Check::ok("max_map_count", "not readable here (/proc/sys/vm/max_map_count): not checked"),
+        Some(limit) if limit >= need => {
+            Check::ok("max_map_count", format!("{limit}, {clients} clients need about {need} memory mappings"))
+        }
+        Some(limit) => Check::bad(
+            Status::Warn,
+            "max_map_count",
+            format!(
+                "vm.max_map_count is {limit} and each RDMA client takes about {} memory mappings: about {} of {clients} clients fit",
+                verbs::maps_for_clients(1) - verbs::maps_for_clients(0),
+                limit.saturating_sub(verbs::maps_for_clients(0)) / (verbs::maps_for_clients(1) - verbs::maps_for_clients(0)),
+            ),
+            format!("raise it: sysctl -w vm.max_map_count={} (and in /etc/sysctl.d/ to keep it)", need.next_multiple_of(1024)),
+        ),
+    }
+}
+
 /// Whether `ip` belongs to an RDMA device: an rdma_cm id binds to it.
 pub fn bind(ip: IpAddr) -> Check {
     let name = format!("bind {ip}");
@@ -278,6 +302,7 @@ pub fn run(opts: &Options) -> Vec<Check> {
     out.extend(ports());
     out.push(rdma_cm());
     out.push(memlock(opts.clients, opts.rx_size));
+    out.push(map_count(opts.clients));
     for ip in &opts.binds {
         out.push(bind(*ip));
     }
@@ -297,6 +322,16 @@ mod tests {
         assert_eq!(c.to_string(), "FAIL memlock: 64 KiB -> raise it");
         assert_eq!(c.log_line(), "RDMA: memlock: 64 KiB: raise it");
         assert_eq!(Check::ok("rdma_cm", "opens").to_string(), "OK   rdma_cm: opens");
+    }
+
+    #[test]
+    fn map_count_counts_the_mappings_of_the_clients() {
+        let Some(limit) = verbs::max_map_count() else { return assert!(map_count(10_000).is_ok()) };
+        // A number of clients that fits and one that does not, for whatever the limit is.
+        assert!(map_count(1).is_ok() || limit < verbs::maps_for_clients(1));
+        let c = map_count(limit);
+        assert_eq!(c.status, Status::Warn, "{c}");
+        assert!(c.fix.as_deref().unwrap().contains("vm.max_map_count="), "{c}");
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
 //!   valkey-rdma-bench --cluster [-h SEED_HOST] [-p SEED_PORT] [--duration SECS] [-r KEYS]
 //!                     [--wait MS] [--tries N] [--stop-file F]   (a checked writer/reader on a cluster)
+//!   valkey-rdma-bench --idle N [-h HOST] [-p PORT] [--rx-size BYTES] [--in-flight K]
+//!                     [--hold SECS] [--stop-file F] [--timeout SECS]  (N idle connections, PINGed twice)
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,8 +30,13 @@ struct Args {
     cluster: bool,
     wait_ms: Option<u64>,
     tries: u32,
-    /// `--cluster` stops when this file appears (a test stops it after a change).
+    /// `--cluster` stops when this file appears (a test stops it after a change);
+    /// `--idle` holds its connections until it appears.
     stop_file: Option<String>,
+    /// `--idle N`: open N idle connections (`rdma::client::idle`).
+    idle: Option<usize>,
+    idle_opts: rdma::client::idle::IdleOptions,
+    hold: Duration,
 }
 
 fn usage() -> ! {
@@ -38,7 +45,7 @@ fn usage() -> ! {
         include_str!("valkey-rdma-bench.rs")
             .lines()
             .skip(3)
-            .take(8)
+            .take(10)
             .map(|l| l.trim_start_matches("//!"))
             .collect::<Vec<_>>()
             .join("\n")
@@ -72,6 +79,9 @@ fn parse_args() -> Args {
         wait_ms: None,
         tries: 5,
         stop_file: None,
+        idle: None,
+        idle_opts: Default::default(),
+        hold: Duration::from_secs(5),
     };
     let (mut host, mut port) = ("127.0.0.1".to_string(), 6379u16);
     let mut it = std::env::args().skip(1);
@@ -102,6 +112,11 @@ fn parse_args() -> Args {
             "--wait" => a.wait_ms = Some(num(val(&mut it))),
             "--tries" => a.tries = num(val(&mut it)).max(1) as u32,
             "--stop-file" => a.stop_file = Some(val(&mut it)),
+            "--idle" => a.idle = Some(num(val(&mut it)) as usize),
+            "--rx-size" => a.idle_opts.rx_size = num(val(&mut it)).clamp(4096, u32::MAX as u64) as u32,
+            "--in-flight" => a.idle_opts.in_flight = num(val(&mut it)).max(1) as usize,
+            "--hold" => a.hold = Duration::from_secs(num(val(&mut it))),
+            "--timeout" => a.idle_opts.timeout = Duration::from_secs(num(val(&mut it)).max(1)),
             _ => usage(),
         }
     }
@@ -325,6 +340,9 @@ fn main() {
     if a.cluster {
         return cluster_check(&a);
     }
+    if let Some(n) = a.idle {
+        return idle(&a, n);
+    }
     let stats = bench::run(&a.w, a.server_pid, progress(a.quiet)).unwrap_or_else(|e| {
         eprintln!("valkey-rdma-bench: {e}");
         std::process::exit(1)
@@ -368,4 +386,61 @@ fn cluster_check(a: &Args) {
     println!("cluster: {report}");
     let s = &client.stats;
     println!("cluster client: moved {} ask {} reconnects {} refreshes {}", s.moved, s.ask, s.reconnects, s.refreshes);
+}
+
+/// `--idle N`: N connections, each PINGed once, held (at least `--hold`, then until
+/// `--stop-file` exists), then all PINGed again. One `idle:` line per step, for
+/// scripts; exit status 0 only when all N answered both PINGs.
+fn idle(a: &Args, n: usize) {
+    use rdma::client::idle::IdlePool;
+    use std::io::Write;
+    let quiet = a.quiet;
+    let die = |e: rdma::client::ClientError| -> ! {
+        eprintln!("valkey-rdma-bench: {e}");
+        std::process::exit(1)
+    };
+    let mut pool = IdlePool::new(&a.w.addr, a.idle_opts.clone()).unwrap_or_else(|e| die(e));
+    println!(
+        "idle: opening {n} connections to {} (RX buffer {} bytes, queues {}/{}, {} in flight)",
+        a.w.addr, a.idle_opts.rx_size, a.idle_opts.depths.send, a.idle_opts.depths.recv, a.idle_opts.in_flight
+    );
+    let t0 = Instant::now();
+    let held = pool
+        .open(n, |held, failed| {
+            if !quiet {
+                eprintln!("idle: {held} held, {failed} failed, {:.0} s", t0.elapsed().as_secs_f64());
+            }
+        })
+        .unwrap_or_else(|e| die(e));
+    let open_s = t0.elapsed().as_secs_f64();
+    println!(
+        "idle: connected and answered PING: {held} of {n} in {open_s:.1} s ({:.0} connections/s), {} shared CQs",
+        held as f64 / open_s.max(1e-9),
+        pool.cq_count()
+    );
+    if let Some((conn, reason)) = &pool.failures.first {
+        println!("idle: first failure at connection {conn}: {reason}");
+        println!("idle: failures: {}", pool.failures.summary());
+    }
+    println!("idle: holding {held} connections");
+    let _ = std::io::stdout().flush();
+    pool.hold(a.hold, a.stop_file.as_deref().map(std::path::Path::new)).unwrap_or_else(|e| die(e));
+    let before = pool.idle();
+    let t1 = Instant::now();
+    let answered = pool.ping_all().unwrap_or_else(|e| die(e));
+    println!(
+        "idle: second PING answered by {answered} of {before} held ({} lost while held) in {:.1} s",
+        pool.lost,
+        t1.elapsed().as_secs_f64()
+    );
+    if pool.failures.total() > 0 {
+        println!("idle: failures: {}", pool.failures.summary());
+    }
+    let ok = answered == n;
+    println!("idle: {} {answered} of {n}", if ok { "OK" } else { "FAILED" });
+    let _ = std::io::stdout().flush();
+    let t2 = Instant::now();
+    drop(pool);
+    println!("idle: closed in {:.1} s", t2.elapsed().as_secs_f64());
+    std::process::exit(if ok { 0 } else { 1 });
 }

@@ -20,8 +20,8 @@ fn usage() -> ! {
     eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
     eprintln!("       valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]");
     eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
-    eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory for N clients,");
-    eprintln!("          bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
+    eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory and memory mappings");
+    eprintln!("          for N clients, bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
     eprintln!("  -c      cluster mode: HOST:PORT is a seed; each command goes to the node serving its key,");
     eprintln!("          following MOVED/ASK redirections (every node must listen for RDMA on its own port)");
     eprintln!("  -t SECS connect and reply timeout (default 10)");

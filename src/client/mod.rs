@@ -14,6 +14,7 @@ pub mod bench;
 pub mod cluster;
 pub mod cluster_check;
 pub mod hostile;
+pub mod idle;
 pub mod resp;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -101,7 +102,7 @@ impl Default for Options {
 }
 
 /// The parameters we connect with (as libvalkey: 7 retries, RNR "retry forever").
-const CONNECT_PARAMS: ConnParams = ConnParams { retry_count: 7, rnr_retry_count: 7 };
+pub(crate) const CONNECT_PARAMS: ConnParams = ConnParams { retry_count: 7, rnr_retry_count: 7 };
 
 /// A connected RDMA byte stream to a Valkey server: a verbs endpoint driven by the
 /// same protocol core as the server's connections (`protocol::conn::Conn`, client

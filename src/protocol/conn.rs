@@ -386,6 +386,11 @@ impl Conn {
         &self.state
     }
 
+    /// Whether the server accepted the connection (`ct->accept`).
+    pub fn was_accepted(&self) -> bool {
+        self.accepted
+    }
+
     pub fn role(&self) -> Role {
         self.session.role()
     }

@@ -443,6 +443,12 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
     }
 }
 
+/// The server closed the connection without accepting it (it refused the client).
+pub(crate) fn closed_unaccepted(c: &HostedConn) -> bool {
+    let g = c.inner.lock();
+    *g.core.state() == crate::protocol::conn::State::Closed && !g.core.was_accepted()
+}
+
 /// Releases the verbs resources (disconnecting the peer first), outside the lock.
 pub(crate) fn teardown(c: &HostedConn) {
     let (ep, _prepared, _preparing) = {

@@ -264,9 +264,14 @@ fn accept_one(id: CmId) {
         Err(e) => {
             stats::rejected(Rejected::Resources);
             let hint = if e.op == VerbsOp::RegMr && e.errno == libc::ENOMEM {
-                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)"
+                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)".to_string()
+            } else if e.op == VerbsOp::MapCount {
+                let (maps, limit) = verbs::map_count_now().unwrap_or_default();
+                format!(
+                    " ({maps} of vm.max_map_count {limit} memory mappings in use, and each RDMA connection needs up to 12: raise vm.max_map_count)"
+                )
             } else {
-                ""
+                String::new()
             };
             return super::log_limited(format_args!("RDMA: client {peer} refused: {e}{hint}"));
         }
@@ -295,7 +300,17 @@ fn accept_one(id: CmId) {
     stats::add(&STATS.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());
     // The server takes over (it may close the connection inside).
+    let probe = c.clone();
     c.hand_to_server();
+    // Closed inside acceptCommonHandler before it accepted: the server refused the
+    // client. For maxclients it logs nothing (only INFO's rejected_connections moves),
+    // so the operator would not learn why clients fail: one (rate-limited) line here.
+    if connection::closed_unaccepted(&probe) {
+        super::log_limited(format_args!(
+            "RDMA: client {} refused by the server as it was handed over (maxclients reached: see rejected_connections in INFO stats)",
+            probe.inner.peer_name()
+        ));
+    }
 }
 
 /// The connections' CM channel is readable: ESTABLISHED, DISCONNECTED, …

@@ -6,11 +6,13 @@
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdma_sys::*;
 
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
+use super::shared_cq::{CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
 use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::conn::RxBuffer;
@@ -34,6 +36,44 @@ const TX_SLOTS: usize = 64;
 const SIGNAL_EVERY: u32 = 64;
 /// Send-queue entries kept free for control messages (RegisterXferMemory, Keepalive).
 const SQ_RESERVED_FOR_CONTROL: u64 = 32;
+
+/// The depths of one endpoint's queues. [`QueueDepths::DEFAULT`] is what the server
+/// and the ordinary client use; a client that holds many idle connections uses less
+/// ([`QueueDepths::IDLE`]): each entry is memory mapped into the process, and on a
+/// shared completion queue each QP reserves `send + recv` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueDepths {
+    /// Send queue entries (data writes and control messages).
+    pub send: u32,
+    /// Receive slots posted at all times.
+    pub recv: u32,
+}
+
+impl QueueDepths {
+    pub const DEFAULT: QueueDepths = QueueDepths { send: SQ_DEPTH, recv: RX_SLOTS as u32 };
+    /// For a connection that sends a command now and then: a peer that outruns 16
+    /// receives waits (RNR, retried without limit).
+    pub const IDLE: QueueDepths = QueueDepths { send: 16, recv: 16 };
+    /// Completion queue entries the queues can fill at most.
+    pub fn cqes(self) -> u32 {
+        self.send + self.recv
+    }
+    /// Control messages in flight at most: [`TX_SLOTS`], less on a short send queue.
+    fn tx_slots(self) -> usize {
+        TX_SLOTS.min(self.send as usize / 2).max(1)
+    }
+    /// Send-queue entries kept for control messages.
+    fn reserved_for_control(self) -> u64 {
+        SQ_RESERVED_FOR_CONTROL.min(u64::from(self.send) / 2)
+    }
+    fn valid(self) -> bool {
+        self.send >= 2 && self.recv >= 1 && self.recv as u64 <= WRID_SLOT_MASK
+    }
+}
+
+/// Endpoints alive in this process (made and not yet dropped), for the admission by
+/// memory mappings ([`super::map_budget`]).
+static LIVE_ENDPOINTS: AtomicU64 = AtomicU64::new(0);
 
 const WRID_CONTROL: u64 = 1 << 10;
 const WRID_SLOT_MASK: u64 = (1 << 10) - 1;
@@ -64,8 +104,15 @@ pub struct Endpoint {
     /// Shared with RX buffers being prepared off the event loop ([`RxPreparation`]):
     /// the domain is freed by whichever drops last, after every region on it.
     pd: Option<Arc<ProtectionDomain>>,
+    /// The completion channel and CQ: this endpoint's own (destroyed in Drop), or those
+    /// of `shared`, which it only uses.
     comp_channel: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
+    /// A completion queue shared with other endpoints: this endpoint's entries are
+    /// reserved in it, and the `Arc` keeps it alive until after the QP is destroyed
+    /// (a field: dropped after [`Drop::drop`] destroyed the QP).
+    shared: Option<CqAttachment>,
+    depths: QueueDepths,
     ctrl_buf: PinnedBuffer,
     ctrl_mr: *mut ibv_mr,
     rx_buf: PinnedBuffer,
@@ -101,6 +148,20 @@ impl Endpoint {
     /// Builds the resources on `id`, whose device is known (after CONNECT_REQUEST on
     /// the server, after ROUTE_RESOLVED on the client), and posts every receive.
     pub fn new(id: CmId, cfg: &EndpointConfig) -> Result<Endpoint> {
+        Self::build_on(id, cfg, QueueDepths::DEFAULT, None)
+    }
+
+    /// As [`new`](Self::new), with queues of `depths` whose completions go to the
+    /// shared `cq` (the endpoint keeps it alive). Refused, with nothing made, when the
+    /// CQ has no room left for `depths.cqes()` entries or belongs to another device.
+    /// Completions are then read with [`SharedCq::poll`] and handed to
+    /// [`on_completion`](Self::on_completion) of the endpoint whose
+    /// [`qp_num`](Self::qp_num) they carry.
+    pub fn with_shared_cq(id: CmId, cfg: &EndpointConfig, depths: QueueDepths, cq: &Arc<SharedCq>) -> Result<Endpoint> {
+        Self::build_on(id, cfg, depths, Some(cq))
+    }
+
+    fn build_on(id: CmId, cfg: &EndpointConfig, depths: QueueDepths, cq: Option<&Arc<SharedCq>>) -> Result<Endpoint> {
         let refuse = |id: &CmId, e: VerbsError| {
             if cfg.reject_on_failure {
                 id.reject();
@@ -111,15 +172,30 @@ impl Endpoint {
         if verbs.is_null() {
             return Err(refuse(&id, VerbsError::with(VerbsOp::NoDevice, libc::ENODEV)));
         }
+        if !depths.valid() {
+            return Err(refuse(&id, VerbsError::with(VerbsOp::CreateQp, libc::EINVAL)));
+        }
+        // Refused here, before anything is made, while the process still has room for
+        // it and for a TX buffer of every live endpoint (vm.max_map_count).
+        super::map_budget::admit(LIVE_ENDPOINTS.load(Ordering::Relaxed)).map_err(|e| refuse(&id, e))?;
+        let shared = match cq {
+            Some(cq) => Some(CqAttachment::reserve(cq, verbs, depths.cqes()).map_err(|e| refuse(&id, e))?),
+            None => None,
+        };
+        let tx_slots = depths.tx_slots();
         // The buffers come first, while `id` is still an ordinary owner: a failure here
         // rejects and destroys it (dropped on return) instead of leaking it.
-        let ctrl_buf = PinnedBuffer::new((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN).map_err(|e| refuse(&id, e))?;
+        let ctrl_buf =
+            PinnedBuffer::new((depths.recv as usize + tx_slots) * CONTROL_MESSAGE_LEN).map_err(|e| refuse(&id, e))?;
         let rx_buf = PinnedBuffer::new(cfg.rx_size as usize).map_err(|e| refuse(&id, e))?;
+        LIVE_ENDPOINTS.fetch_add(1, Ordering::Relaxed); // until Drop
         let mut ep = Endpoint {
             id: ManuallyDrop::new(id),
             pd: None,
             comp_channel: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
+            shared,
+            depths,
             ctrl_buf,
             ctrl_mr: std::ptr::null_mut(),
             rx_buf,
@@ -127,7 +203,7 @@ impl Endpoint {
             tx: TxBuffers::new(),
             tx_len_wanted: 0,
             writes_since_idle_check: 0,
-            free_tx_slots: (0..TX_SLOTS as u16).rev().collect(),
+            free_tx_slots: (0..tx_slots as u16).rev().collect(),
             unsignaled_run: 0,
             comp_vector: 0,
         };
@@ -148,33 +224,44 @@ impl Endpoint {
             let pd = ProtectionDomain::alloc(verbs)?;
             let pd_ptr = pd.as_ptr();
             ep.pd = Some(pd);
-            ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
-            if ep.comp_channel.is_null() {
-                return Err(VerbsError::last(VerbsOp::CreateCompChannel));
-            }
-            set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
-            let vectors = (*verbs).num_comp_vectors.max(1) as u32;
-            ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
-            ep.cq = (l.ibv_create_cq)(
-                verbs,
-                RX_SLOTS as i32 + SQ_DEPTH as i32,
-                std::ptr::null_mut(),
-                ep.comp_channel,
-                ep.comp_vector,
-            );
-            if ep.cq.is_null() {
-                return Err(VerbsError::last(VerbsOp::CreateCq));
+            if let Some(s) = &ep.shared {
+                // Not ours to destroy: Drop leaves them to the shared owner.
+                ep.comp_channel = s.cq().channel_ptr();
+                ep.cq = s.cq().cq_ptr();
+                ep.comp_vector = s.cq().comp_vector();
+            } else {
+                ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
+                if ep.comp_channel.is_null() {
+                    return Err(VerbsError::last(VerbsOp::CreateCompChannel));
+                }
+                set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
+                let vectors = (*verbs).num_comp_vectors.max(1) as u32;
+                ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
+                ep.cq = (l.ibv_create_cq)(
+                    verbs,
+                    ep.depths.cqes() as i32,
+                    std::ptr::null_mut(),
+                    ep.comp_channel,
+                    ep.comp_vector,
+                );
+                if ep.cq.is_null() {
+                    return Err(VerbsError::last(VerbsOp::CreateCq));
+                }
             }
             let mut attr: ibv_qp_init_attr = std::mem::zeroed();
             attr.send_cq = ep.cq;
             attr.recv_cq = ep.cq;
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-            attr.cap.max_send_wr = SQ_DEPTH;
-            attr.cap.max_recv_wr = RX_SLOTS as u32;
+            attr.cap.max_send_wr = ep.depths.send;
+            attr.cap.max_recv_wr = ep.depths.recv;
             attr.cap.max_send_sge = 1;
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
                 return Err(VerbsError::last(VerbsOp::CreateQp));
+            }
+            if let Some(s) = &mut ep.shared {
+                // From here on Drop marks the number retired on the shared CQ.
+                s.set_qp_num((*ep.id.raw().qp).qp_num)?;
             }
             ep.ctrl_mr = ep.register(
                 ep.ctrl_buf.as_ptr(),
@@ -183,11 +270,12 @@ impl Endpoint {
             )?;
             ep.rx_mr = ep.register(ep.rx_buf.as_ptr(), cfg.rx_size as usize, remote_access())?;
         }
-        for slot in 0..RX_SLOTS {
+        for slot in 0..ep.depths.recv as usize {
             ep.post_recv(slot)?;
         }
-        // SAFETY: the CQ is live; arm it so the channel fd signals the next completion.
-        if unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
+        // SAFETY: the CQ is live; arm it so the channel fd signals the next completion
+        // (a shared one was armed by its owner and is re-armed at each poll).
+        if ep.shared.is_none() && unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
             return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
         }
         Ok(())
@@ -210,6 +298,14 @@ impl Endpoint {
 
     pub fn id(&self) -> &CmId {
         &self.id
+    }
+    /// The QP's number: what a completion on a shared CQ names its endpoint by.
+    pub fn qp_num(&self) -> u32 {
+        // SAFETY: the QP exists once the endpoint is built and lives while self does.
+        unsafe { (*self.qp()).qp_num }
+    }
+    pub fn depths(&self) -> QueueDepths {
+        self.depths
     }
     /// The completion channel's fd: readable when a completion is due.
     pub fn comp_fd(&self) -> i32 {
@@ -242,7 +338,7 @@ impl Endpoint {
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
         let mut sge = ibv_sge {
-            // SAFETY: slot < RX_SLOTS, inside the control buffer.
+            // SAFETY: slot < depths.recv, inside the control buffer.
             addr: unsafe { self.ctrl_buf.as_ptr().add(slot * CONTROL_MESSAGE_LEN) } as u64,
             length: CONTROL_MESSAGE_LEN as u32,
             // SAFETY: the MR is live.
@@ -263,13 +359,15 @@ impl Endpoint {
     }
 
     fn sq_room(&self) -> u64 {
-        u64::from(SQ_DEPTH).saturating_sub(self.tx.in_flight())
+        u64::from(self.depths.send).saturating_sub(self.tx.in_flight())
     }
 
     fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {
         let seq = self.tx.next_seq();
         self.unsignaled_run += 1;
-        let signal = always_signal || self.unsignaled_run >= SIGNAL_EVERY || self.sq_room() <= SQ_RESERVED_FOR_CONTROL;
+        let signal = always_signal
+            || self.unsignaled_run >= SIGNAL_EVERY
+            || self.sq_room() <= self.depths.reserved_for_control();
         if signal {
             wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
             self.unsignaled_run = 0;
@@ -291,7 +389,7 @@ impl Endpoint {
             return Err(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS));
         }
         let slot = self.free_tx_slots.pop().ok_or(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS))? as usize;
-        let off = (RX_SLOTS + slot) * CONTROL_MESSAGE_LEN;
+        let off = (self.depths.recv as usize + slot) * CONTROL_MESSAGE_LEN;
         // SAFETY: the slot is ours (taken from the free list) until its completion.
         unsafe { self.ctrl_buf.as_mut_slice()[off..off + CONTROL_MESSAGE_LEN].copy_from_slice(&msg.encode()) };
         let mut sge = ibv_sge {
@@ -387,7 +485,7 @@ impl Endpoint {
 
     /// Whether the send queue can take a data write now.
     pub fn can_write(&self) -> bool {
-        self.sq_room() > SQ_RESERVED_FOR_CONTROL
+        self.sq_room() > self.depths.reserved_for_control()
     }
 
     /// Copies the first `len` bytes of `parts` (in order) into the TX buffer at
@@ -474,7 +572,13 @@ impl Endpoint {
     /// signals only new ones), so the caller must come back for them, after the other
     /// connections had their turn; a peer that sends as fast as it can then gets its
     /// share of the main thread and no more.
+    ///
+    /// Only for an endpoint with its own CQ: one on a shared CQ gets its completions
+    /// through [`on_completion`](Self::on_completion) (here: `EINVAL`).
     pub fn poll(&mut self, budget: usize, mut f: impl FnMut(Completion)) -> Result<bool> {
+        if self.shared.is_some() {
+            return Err(VerbsError::with(VerbsOp::PollCq, libc::EINVAL));
+        }
         let l = loaded();
         let mut ev_cq = std::ptr::null_mut();
         let mut ev_ctx: *mut c_void = std::ptr::null_mut();
@@ -498,7 +602,7 @@ impl Endpoint {
                 return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
             }
             for wc in &wcs[..n as usize] {
-                self.complete(wc, &mut f)?;
+                self.complete(&WorkCompletion::from_raw(wc), &mut f)?;
             }
             if (n as usize) < want {
                 return Ok(false);
@@ -508,7 +612,15 @@ impl Endpoint {
         Ok(true)
     }
 
-    fn complete(&mut self, wc: &ibv_wc, f: &mut impl FnMut(Completion)) -> Result<()> {
+    /// One completion from a shared CQ whose [`WorkCompletion::qp_num`] is this
+    /// endpoint's: the same bookkeeping as [`poll`](Self::poll) (receives re-posted,
+    /// send slots recycled), then `f` for what concerns the protocol.
+    pub fn on_completion(&mut self, wc: &WorkCompletion, mut f: impl FnMut(Completion)) -> Result<()> {
+        debug_assert_eq!(wc.qp_num(), self.qp_num());
+        self.complete(wc, &mut f)
+    }
+
+    fn complete(&mut self, wc: &WorkCompletion, f: &mut impl FnMut(Completion)) -> Result<()> {
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             f(Completion::Failed { status: wc.status, vendor_err: wc.vendor_err });
             return Ok(());
@@ -524,9 +636,7 @@ impl Endpoint {
             }
             ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
                 self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
-                // SAFETY: for this opcode the union holds the immediate.
-                let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
-                f(Completion::Data { imm });
+                f(Completion::Data { imm: wc.imm });
             }
             ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
                 self.tx.on_completed(wc.wr_id >> WRID_SEQ_SHIFT);
@@ -561,6 +671,7 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        LIVE_ENDPOINTS.fetch_sub(1, Ordering::Relaxed);
         let l = loaded();
         // SAFETY: teardown in reverse order of creation. The QP is destroyed with the
         // id (CmId's Drop) before the CQ, MRs and PD it uses; nothing is used after.
@@ -572,10 +683,12 @@ impl Drop for Endpoint {
                     (l.ibv_dereg_mr)(mr);
                 }
             }
-            if !self.cq.is_null() {
+            // A shared CQ and channel are left to their owner: `shared` (a field)
+            // drops after this body, so after the QP is gone.
+            if self.shared.is_none() && !self.cq.is_null() {
                 (l.ibv_destroy_cq)(self.cq);
             }
-            if !self.comp_channel.is_null() {
+            if self.shared.is_none() && !self.comp_channel.is_null() {
                 (l.ibv_destroy_comp_channel)(self.comp_channel);
             }
         }

@@ -11,13 +11,17 @@
 
 mod dynlib;
 mod endpoint;
+mod map_budget;
 mod resources;
+mod shared_cq;
 mod system;
 mod tx_buffers;
 
 pub use dynlib::{lib, Lib};
-pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, RxPreparation};
+pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, RxPreparation};
+pub use map_budget::{map_count_now, maps_for_clients, max_map_count};
 pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
+pub use shared_cq::{CqBudget, SharedCq, WorkCompletion, MAX_SHARED_CQES};
 pub use system::{device_count, fork_init, memlock_limit, wait_readable};
 
 /// The verbs or rdma_cm operation that failed, so that callers can tell failures apart
@@ -41,6 +45,12 @@ pub enum VerbsOp {
     CreateCompChannel,
     CreateCq,
     ReqNotifyCq,
+    /// Attaching a QP to a shared CQ: no room (`ENOSPC`), another device (`EXDEV`), or
+    /// completions of a destroyed QP of the same number still queued (`EBUSY`).
+    AttachCq,
+    /// A new endpoint would leave too few memory mappings (`vm.max_map_count`) for the
+    /// live ones (`ENOMEM`; `map_budget`).
+    MapCount,
     CreateQp,
     ModifyQp,
     RegMr,
@@ -81,6 +91,8 @@ impl VerbsOp {
             VerbsOp::CreateCompChannel => "ibv_create_comp_channel",
             VerbsOp::CreateCq => "ibv_create_cq",
             VerbsOp::ReqNotifyCq => "ibv_req_notify_cq",
+            VerbsOp::AttachCq => "attach to a shared completion queue",
+            VerbsOp::MapCount => "admission by memory mappings (vm.max_map_count)",
             VerbsOp::CreateQp => "rdma_create_qp",
             VerbsOp::ModifyQp => "ibv_modify_qp",
             VerbsOp::RegMr => "ibv_reg_mr",

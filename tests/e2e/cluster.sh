@@ -146,16 +146,11 @@ case_ask_followed() {  # IMPL: a slot half migrated: valkey-cli -c --rdma and va
     note "slot $slot half migrated :$src -> :$dst; a plain GET at the source answers: $ask"
     [[ "$ask" == *"ASK $slot "*":$dst" ]] || { fail "the source does not answer ASK"; return 1; }
     for c in upstream ours; do
-        local get_moved get_stays set_new
-        if [ $c = upstream ]; then
-            get_moved=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" GET '{askcase}.moved' 2>&1)
-            get_stays=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" GET '{askcase}.stays' 2>&1)
-            set_new=$(timeout 30 "$CLI912" -c --rdma -h "$RDMA_ADDR" -p "$src" SET "{askcase}.new-$c" v 2>&1)
-        else
-            get_moved=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" GET '{askcase}.moved' 2>&1)
-            get_stays=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" GET '{askcase}.stays' 2>&1)
-            set_new=$(timeout 30 "$RDMA_CLI" -c -h "$RDMA_ADDR" -p "$src" SET "{askcase}.new-$c" v 2>&1)
-        fi
+        local cli=("$RDMA_CLI" -c) get_moved get_stays set_new
+        [ $c = upstream ] && cli=("$CLI912" -c --rdma)
+        get_moved=$(timeout 30 "${cli[@]}" -h "$RDMA_ADDR" -p "$src" GET '{askcase}.moved' 2>&1)
+        get_stays=$(timeout 30 "${cli[@]}" -h "$RDMA_ADDR" -p "$src" GET '{askcase}.stays' 2>&1)
+        set_new=$(timeout 30 "${cli[@]}" -h "$RDMA_ADDR" -p "$src" SET "{askcase}.new-$c" v 2>&1)
         note "$c client: GET moved key -> $get_moved, GET key still at the source -> $get_stays, SET new key -> $set_new"
         expect_eq "$c: GET of the migrated key (ASK followed, ASKING sent)" "$get_moved" one || return 1
         expect_eq "$c: GET of the key not yet migrated (served by the source)" "$get_stays" two || return 1

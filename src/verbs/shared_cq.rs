@@ -1,0 +1,364 @@
+//! A completion queue (with its completion channel) shared by many endpoints.
+//!
+//! A process that holds thousands of connections cannot afford one CQ and one channel
+//! fd per connection: each CQ is memory mapped into the process, each channel is an
+//! fd, and a device has a limit of CQs (`max_cq`; older rxe builds: 16384, the server's
+//! own connections on the same device count too). A [`SharedCq`] is made once per
+//! device and held in an `Arc`; each endpoint built on it
+//! ([`Endpoint::with_shared_cq`](super::Endpoint::with_shared_cq)) keeps a
+//! [`CqAttachment`], which holds the `Arc`. The types enforce the teardown order: an
+//! endpoint destroys its QP in its `Drop` body and drops the attachment afterwards (a
+//! field), so the CQ is destroyed only after the last QP that used it.
+//!
+//! Capacity: each attached QP reserves `send + recv` entries ([`QueueDepths::cqes`]),
+//! so the CQ never overflows however its QPs complete; a QP that does not fit is
+//! refused ([`VerbsOp::AttachCq`], `ENOSPC`) and the caller makes another CQ.
+//!
+//! Dispatch: [`SharedCq::poll`] hands out [`WorkCompletion`]s; the caller routes each
+//! by [`WorkCompletion::qp_num`] to the endpoint with that [`qp_num`]
+//! (super::Endpoint::qp_num). A QP destroyed while completions of it may still be
+//! queued leaves its number *retired*: those completions are dropped by `poll` until
+//! the CQ has been seen empty, and a new QP that got the same number before then is
+//! refused (`EBUSY`), so a stale completion can never reach the wrong endpoint.
+//!
+//! [`QueueDepths::cqes`]: super::QueueDepths::cqes
+//! [`VerbsOp::AttachCq`]: super::VerbsOp::AttachCq
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rdma_sys::*;
+
+use super::resources::{loaded, set_nonblocking, CmId};
+use super::{Result, VerbsError, VerbsOp};
+
+/// The most entries one CQ may have on any device we know (rxe: `max_cqe` 32767).
+pub const MAX_SHARED_CQES: u32 = 32767;
+
+/// The entries of a shared CQ: how many are reserved by attached QPs, and which QP
+/// numbers are retired. Pure bookkeeping, kept apart from the verbs calls.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CqBudget {
+    capacity: u32,
+    reserved: u32,
+    attached: u32,
+    /// QPs destroyed since the CQ was last seen empty: their completions may be queued.
+    retired: Vec<u32>,
+}
+
+impl CqBudget {
+    pub fn new(capacity: u32) -> Self {
+        CqBudget { capacity, ..Default::default() }
+    }
+    /// Reserves `cqes` entries for one QP; false (nothing changed) when they do not fit.
+    pub fn reserve(&mut self, cqes: u32) -> bool {
+        match self.reserved.checked_add(cqes) {
+            Some(r) if r <= self.capacity && cqes > 0 => {
+                self.reserved = r;
+                self.attached += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+    /// Gives back one QP's entries; `qp_num`: the QP existed and may have completions
+    /// queued.
+    pub fn release(&mut self, cqes: u32, qp_num: Option<u32>) {
+        self.reserved = self.reserved.saturating_sub(cqes);
+        self.attached = self.attached.saturating_sub(1);
+        if let Some(n) = qp_num {
+            self.retired.push(n);
+        }
+    }
+    /// Whether a completion of `qp_num` may be stale (its QP is gone).
+    pub fn is_retired(&self, qp_num: u32) -> bool {
+        self.retired.contains(&qp_num)
+    }
+    /// QP numbers retired so far (pass to [`drained`](Self::drained)).
+    pub fn retired_count(&self) -> usize {
+        self.retired.len()
+    }
+    /// The CQ was polled empty: no completion is left of the first `retired_before`
+    /// retired QPs, the ones retired before the poll began (a QP retired during the
+    /// poll may have left completions behind the point the poll saw).
+    pub fn drained(&mut self, retired_before: usize) {
+        self.retired.drain(..retired_before.min(self.retired.len()));
+    }
+    /// Entries still free for further QPs.
+    pub fn free(&self) -> u32 {
+        self.capacity - self.reserved
+    }
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+    /// QPs attached now.
+    pub fn attached(&self) -> u32 {
+        self.attached
+    }
+}
+
+/// One completion, the fields of `ibv_wc` this project reads; from a shared CQ, for
+/// the endpoint whose QP number it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    pub(super) wr_id: u64,
+    pub(super) status: u32,
+    pub(super) opcode: u32,
+    pub(super) vendor_err: u32,
+    pub(super) byte_len: u32,
+    /// Host order; meaningful for the opcodes that carry an immediate.
+    pub(super) imm: u32,
+    pub(super) qp_num: u32,
+}
+
+impl WorkCompletion {
+    pub(super) fn from_raw(wc: &ibv_wc) -> Self {
+        let with_imm =
+            wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        WorkCompletion {
+            wr_id: wc.wr_id,
+            status: wc.status,
+            opcode: wc.opcode,
+            vendor_err: wc.vendor_err,
+            byte_len: wc.byte_len,
+            // SAFETY: the union is a plain u32 either way; read as the immediate only
+            // for the opcode that carries one (or when the flags say so).
+            imm: if with_imm { u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }) } else { 0 },
+            qp_num: wc.qp_num,
+        }
+    }
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+}
+
+/// A CQ and its completion channel (a non-blocking fd), destroyed together when the
+/// last `Arc` goes: after every QP attached to it (see the module comment).
+pub struct SharedCq {
+    verbs: *mut ibv_context,
+    channel: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    comp_vector: i32,
+    budget: Mutex<CqBudget>,
+}
+
+// SAFETY: the pointers are verbs objects owned by this struct (the device context is
+// librdmacm's, alive while any id of it is, and ids keep their SharedCq alive). The
+// providers lock a CQ inside poll and arm; the bookkeeping is behind a Mutex.
+unsafe impl Send for SharedCq {}
+unsafe impl Sync for SharedCq {}
+
+impl SharedCq {
+    /// A CQ of `capacity` entries (at most [`MAX_SHARED_CQES`]) on the device of `id`,
+    /// whose address (client: route) is resolved; armed, its channel non-blocking.
+    pub fn new(id: &CmId, capacity: u32, comp_vector: u32) -> Result<Arc<SharedCq>> {
+        let verbs = id.raw().verbs;
+        if verbs.is_null() {
+            return Err(VerbsError::with(VerbsOp::NoDevice, libc::ENODEV));
+        }
+        let capacity = capacity.clamp(1, MAX_SHARED_CQES);
+        let l = loaded();
+        let mut s = SharedCq {
+            verbs,
+            channel: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            comp_vector: 0,
+            budget: Mutex::new(CqBudget::new(capacity)),
+        };
+        // SAFETY: `verbs` is the live device context of `id`. Each object is stored in
+        // `s` at once, so its Drop releases what was made before a failure.
+        unsafe {
+            s.channel = (l.ibv_create_comp_channel)(verbs);
+            if s.channel.is_null() {
+                return Err(VerbsError::last(VerbsOp::CreateCompChannel));
+            }
+            set_nonblocking((*s.channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
+            s.comp_vector = (comp_vector % (*verbs).num_comp_vectors.max(1) as u32) as i32;
+            s.cq = (l.ibv_create_cq)(verbs, capacity as i32, std::ptr::null_mut(), s.channel, s.comp_vector);
+            if s.cq.is_null() {
+                return Err(VerbsError::last(VerbsOp::CreateCq));
+            }
+            if ibv_req_notify_cq(s.cq, 0) != 0 {
+                return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
+            }
+        }
+        Ok(Arc::new(s))
+    }
+
+    fn budget(&self) -> MutexGuard<'_, CqBudget> {
+        self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The bookkeeping now (capacity, reserved entries, QPs attached).
+    pub fn budget_now(&self) -> CqBudget {
+        self.budget().clone()
+    }
+    /// The completion channel's fd: readable when a completion is due.
+    pub fn fd(&self) -> i32 {
+        // SAFETY: the channel is live while self is.
+        unsafe { (*self.channel).fd }
+    }
+    pub(super) fn channel_ptr(&self) -> *mut ibv_comp_channel {
+        self.channel
+    }
+    pub(super) fn cq_ptr(&self) -> *mut ibv_cq {
+        self.cq
+    }
+    pub(super) fn comp_vector(&self) -> i32 {
+        self.comp_vector
+    }
+
+    /// Consumes a pending notification (if any), re-arms the CQ and polls up to
+    /// `budget` completions, handing each of a live QP to `f` (those of destroyed QPs
+    /// are dropped). Returns whether completions may be left, as
+    /// [`Endpoint::poll`](super::Endpoint::poll): the caller comes back for them.
+    pub fn poll(&self, budget: usize, mut f: impl FnMut(WorkCompletion)) -> Result<bool> {
+        let l = loaded();
+        let retired_before = self.budget().retired_count();
+        let mut ev_cq = std::ptr::null_mut();
+        let mut ev_ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the channel is non-blocking; an event, if returned, is acked once.
+        if unsafe { (l.ibv_get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) } == 0 {
+            // SAFETY: one ack for the one event just taken, before re-arming.
+            unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
+        }
+        // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
+        if unsafe { ibv_req_notify_cq(self.cq, 0) } != 0 {
+            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
+        }
+        // SAFETY: all-zero is a valid ibv_wc (plain integers).
+        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        let mut left = budget;
+        while left > 0 {
+            let want = left.min(wcs.len());
+            // SAFETY: `wcs` has room for `want` <= 32 entries.
+            let n = unsafe { ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr()) };
+            if n < 0 {
+                return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
+            }
+            let live: Vec<WorkCompletion> = {
+                let b = self.budget();
+                wcs[..n as usize].iter().filter(|wc| !b.is_retired(wc.qp_num)).map(WorkCompletion::from_raw).collect()
+            };
+            for wc in live {
+                f(wc);
+            }
+            if (n as usize) < want {
+                self.budget().drained(retired_before);
+                return Ok(false);
+            }
+            left -= n as usize;
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for SharedCq {
+    fn drop(&mut self) {
+        let l = loaded();
+        // SAFETY: the last Arc is gone, so every QP attached was destroyed (each
+        // endpoint drops its attachment after its QP); the CQ goes before its channel.
+        unsafe {
+            if !self.cq.is_null() {
+                (l.ibv_destroy_cq)(self.cq);
+            }
+            if !self.channel.is_null() {
+                (l.ibv_destroy_comp_channel)(self.channel);
+            }
+        }
+    }
+}
+
+/// One endpoint's place on a shared CQ: its reserved entries and a reference that keeps
+/// the CQ alive. Dropped after the endpoint's QP (it is a field of the endpoint): gives
+/// the entries back and retires the QP's number.
+pub struct CqAttachment {
+    cq: Arc<SharedCq>,
+    cqes: u32,
+    qp_num: Option<u32>,
+}
+
+impl CqAttachment {
+    /// Reserves `cqes` entries on `cq` for a QP of the device `verbs`.
+    pub(super) fn reserve(cq: &Arc<SharedCq>, verbs: *mut ibv_context, cqes: u32) -> Result<CqAttachment> {
+        if verbs != cq.verbs {
+            return Err(VerbsError::with(VerbsOp::AttachCq, libc::EXDEV));
+        }
+        if !cq.budget().reserve(cqes) {
+            return Err(VerbsError::with(VerbsOp::AttachCq, libc::ENOSPC));
+        }
+        Ok(CqAttachment { cq: cq.clone(), cqes, qp_num: None })
+    }
+    pub(super) fn cq(&self) -> &SharedCq {
+        &self.cq
+    }
+    /// The QP was created with number `n`. Refused while completions of an earlier QP
+    /// of the same number may still be queued (they would reach this one).
+    pub(super) fn set_qp_num(&mut self, n: u32) -> Result<()> {
+        if self.cq.budget().is_retired(n) {
+            return Err(VerbsError::with(VerbsOp::AttachCq, libc::EBUSY));
+        }
+        self.qp_num = Some(n);
+        Ok(())
+    }
+}
+
+impl Drop for CqAttachment {
+    fn drop(&mut self) {
+        self.cq.budget().release(self.cqes, self.qp_num);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_never_exceed_the_capacity() {
+        let mut b = CqBudget::new(100);
+        assert!(b.reserve(32));
+        assert!(b.reserve(32));
+        assert!(b.reserve(32));
+        assert!(!b.reserve(32), "96 + 32 > 100");
+        assert_eq!((b.free(), b.attached()), (4, 3));
+        assert!(b.reserve(4), "exactly full fits");
+        assert_eq!(b.free(), 0);
+        assert!(!b.reserve(0), "a QP with no entries is no QP");
+        b.release(32, Some(7));
+        assert_eq!((b.free(), b.attached()), (32, 3));
+        assert!(b.reserve(32));
+        assert!(!b.reserve(u32::MAX), "no overflow");
+    }
+
+    #[test]
+    fn a_retired_qp_number_stays_retired_until_the_cq_is_drained() {
+        let mut b = CqBudget::new(64);
+        assert!(b.reserve(32));
+        b.release(32, Some(17));
+        assert!(b.is_retired(17));
+        assert!(!b.is_retired(18));
+        let before = b.retired_count();
+        b.release(0, Some(19)); // retired while the poll ran
+        b.drained(before);
+        assert!(!b.is_retired(17));
+        assert!(b.is_retired(19), "retired during the poll: not known to be drained");
+        b.drained(b.retired_count());
+        assert!(!b.is_retired(19));
+        // a QP never created (a failed build) retires nothing
+        assert!(b.reserve(32));
+        b.release(32, None);
+        assert!(!b.is_retired(0));
+        assert_eq!(b.free(), 64);
+    }
+
+    #[test]
+    fn idle_connections_per_shared_cq() {
+        // what the idle client gets per CQ of the largest size
+        let per_cq = MAX_SHARED_CQES / super::super::QueueDepths::IDLE.cqes();
+        assert_eq!(per_cq, 1023);
+        let mut b = CqBudget::new(MAX_SHARED_CQES);
+        for _ in 0..per_cq {
+            assert!(b.reserve(super::super::QueueDepths::IDLE.cqes()));
+        }
+        assert!(!b.reserve(super::super::QueueDepths::IDLE.cqes()));
+    }
+}
