@@ -62,9 +62,13 @@ idle_capacity() {
     cpu1=$(cpu_ticks "$spid")
     echo "server CPU while holding: $(( (${cpu1:-0} - ${cpu0:-0}) * 100 / $(getconf CLK_TCK) / 7 )) % of a core (7 s)"
     local held=0 h cc rej rss pin fds maps crss=0 cpin=0 cfds=0 cmaps=0 c
+    local peak=0 p
     for l in "${logs[@]}"; do
         h=$(sed -n 's/^idle: holding \([0-9]*\) connections/\1/p' "$l"); held=$((held + ${h:-0}))
+        # the last progress line: how far it got, also when it was killed on the way
+        p=$(tr '\r' '\n' < "$l.err" | sed -n 's/^idle: \([0-9]*\) held.*/\1/p' | tail -n 1); peak=$((peak + ${p:-0}))
     done
+    [ "$held" -gt "$peak" ] && peak=$held
     cc=$(info_field clients connected_clients) rej=$(info_field stats rejected_connections)
     rss=$(proc_kib "$spid" VmRSS) pin=$(proc_kib "$spid" VmPin) fds=$(fd_count "$spid") maps=$(map_count "$spid")
     for c in "${cpids[@]}"; do
@@ -74,7 +78,7 @@ idle_capacity() {
     echo "server while held: connected_clients ${cc:-?}, rejected_connections ${rej:-?}, RSS $rss KiB, VmPin $pin KiB, fds $fds, maps $maps"
     echo "client$( [ "$procs" -gt 1 ] && echo "s ($procs processes)") while held: RSS $crss KiB, VmPin $cpin KiB, fds $cfds, maps $cmaps"
     echo "guest: MemAvailable $(awk '/^MemAvailable/ {print $2}' /proc/meminfo) KiB, Slab $(awk '/^Slab/ {print $2}' /proc/meminfo) KiB, VmallocUsed $(awk '/^VmallocUsed/ {print $2}' /proc/meminfo) KiB"
-    echo "idle-capacity $name: held ${held:-0} of $n; per connection: server RSS $(per_conn "${rss:-0}" "$rss0" "${held:-0}") KiB," \
+    echo "idle-capacity $name: held ${held:-0} of $n (at most $peak up at once); per connection: server RSS $(per_conn "${rss:-0}" "$rss0" "${held:-0}") KiB," \
         "VmPin $(per_conn "${pin:-0}" "$pin0" "${held:-0}") KiB, fds $(per_conn "${fds:-0}" "$fd0" "${held:-0}")," \
         "maps $(per_conn "${maps:-0}" "$map0" "${held:-0}"); client RSS $(per_conn "${crss:-0}" 0 "${held:-0}") KiB"
     touch "$stop"
