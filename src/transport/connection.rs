@@ -17,7 +17,7 @@ use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Rece
 use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::{ConnState, ServerHandler};
-use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp};
+use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
 
 /// Completions handled per connection per wake-up (fault of review: a peer sending
 /// Keepalives or empty writes as fast as it can kept the main thread in its drain).
@@ -27,6 +27,9 @@ pub(crate) const COMPLETIONS_PER_WAKEUP: usize = 256;
 pub(crate) struct RdmaConnection {
     pub(crate) peer: Option<SocketAddr>,
     pub(crate) local: Option<SocketAddr>,
+    /// (index, QP number) on the shared CQ its completions arrive on
+    /// ([`super::shared_cqs`]); `None`: a CQ and channel fd of its own.
+    pub(crate) shared_cq: Option<(usize, u32)>,
     state: Mutex<Inner>,
 }
 
@@ -67,14 +70,16 @@ impl Inner {
 
 impl RdmaConnection {
     /// `rx_cap`: the largest RX buffer the connection may grow to (`rdma-rx-size`); the
-    /// endpoint's buffer is where it starts.
-    pub(crate) fn new(ep: Endpoint, rx_cap: u32) -> RdmaConnection {
+    /// endpoint's buffer is where it starts. `shared_cq`: the index of the shared CQ the
+    /// endpoint was built on, if any.
+    pub(crate) fn new(ep: Endpoint, rx_cap: u32, shared_cq: Option<usize>) -> RdmaConnection {
         let mut core = Conn::new(Role::Server, ep.rx_region());
         core.set_rx_cap(rx_cap);
         let (peer, local) = (ep.id().peer_addr(), ep.id().local_addr());
         RdmaConnection {
             peer,
             local,
+            shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
             state: Mutex::new(Inner {
                 ep: Some(ep),
                 core,
@@ -209,7 +214,8 @@ pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     }
 }
 
-/// Takes up to [`COMPLETIONS_PER_WAKEUP`] completions and feeds them to the core.
+/// Takes up to [`COMPLETIONS_PER_WAKEUP`] completions from the connection's own CQ and
+/// feeds them to the core.
 pub(crate) fn process_completions(c: &HostedConn) {
     let mut g = c.inner.lock();
     let inner = &mut *g;
@@ -230,6 +236,30 @@ pub(crate) fn process_completions(c: &HostedConn) {
             failed = inner.core.on_local_error(e.op.name(), e.errno).err();
         }
     }
+    feed_core(c, inner, failed);
+}
+
+/// Completions of this connection's QP taken from a shared CQ
+/// ([`super::shared_cqs`]), in arrival order: the endpoint's bookkeeping, then the core.
+pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
+    let mut g = c.inner.lock();
+    let inner = &mut *g;
+    let Some(ep) = inner.ep.as_mut() else { return };
+    let completions = &mut inner.completions;
+    completions.clear();
+    let mut failed = None;
+    for wc in wcs {
+        if let Err(e) = ep.on_completion(wc, |c| completions.push(c)) {
+            failed = inner.core.on_local_error(e.op.name(), e.errno).err();
+            break;
+        }
+    }
+    feed_core(c, inner, failed);
+}
+
+/// Hands `inner.completions` to the core, posts the control messages it queued, and
+/// publishes the state (with the first failure, if any).
+fn feed_core(c: &HostedConn, inner: &mut Inner, mut failed: Option<Failure>) {
     for &completion in inner.completions.iter() {
         let r = match completion {
             // A SEND shorter than 32 bytes decodes as BadControlLength; a longer one
@@ -295,6 +325,9 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
         let mut g = c.inner.lock();
         g.core.on_disconnected();
         publish(c, &g, None);
+    }
+    if let Some((cq, _)) = c.inner.shared_cq {
+        return super::shared_cqs::drain(cq);
     }
     loop {
         process_completions(c);
@@ -436,7 +469,11 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
     if out.unregister {
         live::remove(c);
         pending::remove(c);
-        crate::server::api::unwatch_fd(c.fd());
+        match c.inner.shared_cq {
+            // The CQ's fd serves the other connections on it: only this QP is forgotten.
+            Some((cq, qp_num)) => super::shared_cqs::unregister(cq, qp_num),
+            None => crate::server::api::unwatch_fd(c.fd()),
+        }
     }
     if out.free_now {
         teardown(c);
@@ -451,6 +488,9 @@ pub(crate) fn closed_unaccepted(c: &HostedConn) -> bool {
 
 /// Releases the verbs resources (disconnecting the peer first), outside the lock.
 pub(crate) fn teardown(c: &HostedConn) {
+    if let Some((cq, qp_num)) = c.inner.shared_cq {
+        super::shared_cqs::unregister(cq, qp_num);
+    }
     let (ep, _prepared, _preparing) = {
         let mut g = c.inner.lock();
         (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())

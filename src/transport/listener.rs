@@ -14,7 +14,7 @@ use super::stats::{self, CmEnd, Rejected, STATS};
 use super::{global, live, lock, HostedConn};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
-use crate::verbs::{self, CmId, ConnParams, Endpoint, EndpointConfig, EventChannel, VerbsError, VerbsOp};
+use crate::verbs::{self, CmId, ConnParams, EndpointConfig, EventChannel, VerbsError, VerbsOp};
 
 /// One listening address.
 struct ListenEndpoint {
@@ -259,7 +259,8 @@ fn accept_one(id: CmId) {
     // when the client fills it (docs/protocol.md §4.3): an idle connection pins little.
     let initial_rx = g.settings.rx_size.min(crate::protocol::MIN_RX_SIZE);
     let cfg = EndpointConfig { rx_size: initial_rx, comp_vector: g.settings.comp_vector, reject_on_failure: true };
-    let ep = match Endpoint::new(id, &cfg) {
+    let (built, shared_cq) = super::shared_cqs::endpoint(id, &cfg);
+    let ep = match built {
         Ok(ep) => ep,
         Err(e) => {
             stats::rejected(Rejected::Resources);
@@ -277,7 +278,7 @@ fn accept_one(id: CmId) {
         }
     };
     let fd = ep.comp_fd();
-    let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep, g.settings.rx_size));
+    let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep, g.settings.rx_size, shared_cq));
     connection::set_cm_context(&c);
     if let Err(e) = connection::accept_cm(&c, ACCEPT_PARAMS) {
         stats::rejected(Rejected::Accept);
@@ -285,7 +286,8 @@ fn accept_one(id: CmId) {
         connection::teardown(&c);
         return;
     }
-    if !crate::server::watch_fd::<RdmaConnection>(fd, c.key()) {
+    // On a shared CQ, its fd is watched already; else the connection's own.
+    if c.inner.shared_cq.is_none() && !crate::server::watch_fd::<RdmaConnection>(fd, c.key()) {
         stats::rejected(Rejected::Accept);
         super::log_limited(format_args!(
             "RDMA: client {} refused: cannot watch its completion channel",
@@ -297,6 +299,9 @@ fn accept_one(id: CmId) {
     // Live from here: close() unwatches the fd. (The callback can only run from the
     // event loop, on this thread, after we return.)
     live::insert(&c);
+    if let Some((cq, qp_num)) = c.inner.shared_cq {
+        super::shared_cqs::register(cq, qp_num, c.key());
+    }
     stats::add(&STATS.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());
     // The server takes over (it may close the connection inside).

@@ -17,6 +17,7 @@
 pub(crate) mod connection;
 pub(crate) mod knobs;
 pub(crate) mod listener;
+pub(crate) mod shared_cqs;
 pub(crate) mod stats;
 pub(crate) mod worker;
 
@@ -164,6 +165,8 @@ impl Transport for RdmaConnection {
     fn on_watched_fd(key: usize) {
         if key == listener::CONN_EVENTS_KEY {
             listener::on_conn_events();
+        } else if let Some(cq) = shared_cqs::cq_of_key(key) {
+            shared_cqs::on_fd(cq);
         } else if let Some(c) = live::get(key) {
             connection::on_completion_fd(&c);
         }
@@ -196,12 +199,13 @@ impl Transport for RdmaConnection {
         connection::set_handlers(c, read, write, barrier)
     }
     fn has_pending() -> bool {
-        pending::len() > 0
+        pending::len() > 0 || shared_cqs::any_left()
     }
-    /// Each queued connection runs at most once per call (one queued again by its own
-    /// handler waits for the next call).
+    /// Shared CQs the budget left completions on are polled again; then each queued
+    /// connection runs at most once per call (one queued again by its own handler waits
+    /// for the next call).
     fn process_pending() -> usize {
-        let mut processed = 0;
+        let mut processed = shared_cqs::poll_left();
         for _ in 0..pending::len() {
             let Some(c) = pending::pop() else { break };
             connection::run_pending(&c);
@@ -237,6 +241,7 @@ impl Transport for RdmaConnection {
             rx_size: GLOBAL.get().map_or(0, |g| g.settings.rx_size.into()),
             peer_windows: windows,
             rx_windows,
+            shared_cqs: shared_cqs::count() as u64,
         })
     }
 }

@@ -103,6 +103,8 @@ pub(crate) struct Now {
     pub(crate) peer_windows: Option<(u64, u64)>,
     /// (min, max) of our RX windows now (they grow from 64 KiB up to `rx_size`).
     pub(crate) rx_windows: Option<(u64, u64)>,
+    /// Completion queues shared by the connections (`transport::shared_cqs`).
+    pub(crate) shared_cqs: u64,
 }
 
 /// The fields of `INFO rdma`, in order (names documented in the README).
@@ -144,6 +146,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("completions", completions),
         Field::Num("completions_per_wakeup_x100", (completions * 100).checked_div(wakeups).unwrap_or(0)),
         Field::Num("completion_budget_hits", get(&s.budget_hits)),
+        Field::Num("shared_completion_queues", now.shared_cqs),
         Field::Dict(
             "protocol_violations",
             Violation::KINDS.iter().zip(&s.violations).map(|(k, c)| (*k, get(c))).collect(),

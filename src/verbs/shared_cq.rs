@@ -130,6 +130,24 @@ impl WorkCompletion {
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
+    #[cfg(test)]
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    /// A successful receive of QP `qp_num` (`wr_id` tells it apart), for tests of code
+    /// that routes completions.
+    #[cfg(test)]
+    pub fn received(qp_num: u32, wr_id: u64) -> Self {
+        WorkCompletion {
+            wr_id,
+            status: ibv_wc_status::IBV_WC_SUCCESS,
+            opcode: ibv_wc_opcode::IBV_WC_RECV,
+            vendor_err: 0,
+            byte_len: 32,
+            imm: 0,
+            qp_num,
+        }
+    }
 }
 
 /// A CQ and its completion channel (a non-blocking fd), destroyed together when the
@@ -183,6 +201,16 @@ impl SharedCq {
             }
         }
         Ok(Arc::new(s))
+    }
+
+    /// Whether a QP of `id`'s device whose queues fill `cqes` entries fits on this CQ.
+    pub fn fits(&self, id: &CmId, cqes: u32) -> bool {
+        id.raw().verbs == self.verbs && self.budget().free() >= cqes
+    }
+    /// Whether completions of destroyed QPs may still be queued (their numbers are
+    /// retired until a poll finds the CQ empty, and a new QP cannot take one of them).
+    pub fn has_retired(&self) -> bool {
+        self.budget().retired_count() > 0
     }
 
     fn budget(&self) -> MutexGuard<'_, CqBudget> {

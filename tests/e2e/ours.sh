@@ -60,6 +60,10 @@ case_200_connections() {  # 200 concurrent RDMA clients
     start_server conns "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -n 4000 -c 200 -q > "$WORK/c200.log" 2>&1
     local r; r=$(bench_rps "$WORK/c200.log" SET); echo "# SET with 200 clients: ${r:-none} req/s"
+    # 63 connections share a completion queue (docs/protocol.md §4.6): 200 at once need 4
+    local cqs; cqs=$("$CLI912" -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_shared_completion_queues://p')
+    echo "# INFO rdma: shared_completion_queues ${cqs:-?}"
+    [ "${cqs:-0}" -ge 4 ] || { fail "200 connections on ${cqs:-?} shared completion queues (at most 63 each)"; return 1; }
     awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' && server_alive
 }
 
