@@ -4,8 +4,10 @@
 //! [`Transport`]; nothing here touches a raw pointer.
 //!
 //! Following one request: the client's RDMA_WRITE_WITH_IMM lands in our RX buffer →
-//! the completion channel fd becomes readable → [`connection::on_completion_fd`] polls
-//! the CQ (`verbs::Endpoint::poll`) and feeds the core (`protocol::conn::Conn::on_data`)
+//! the completion channel fd of the CQ the connection shares becomes readable →
+//! [`shared_cqs::on_fd`] polls it and hands each connection its completions
+//! ([`connection::on_shared_completions`], `verbs::Endpoint::on_completion`), which feed
+//! the core (`protocol::conn::Conn::on_data`)
 //! → the core schedules the server's read handler (`Conn::next_step`), which calls
 //! `read`, which copies from the RX buffer → when the buffer is full and consumed the
 //! core queues a RegisterXferMemory back to the client. A reply goes the other way
