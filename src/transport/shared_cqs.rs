@@ -30,7 +30,8 @@ pub(crate) const COMPLETIONS_PER_WAKEUP: usize = 1024;
 /// keys are addresses and the CM channel's is 0, so keys below a page never collide.
 const FIRST_KEY: usize = 1;
 /// CQs at most (at rxe's 32767 entries and the server's queue depths: 63 connections a
-/// CQ, so about 250,000 connections); beyond, connections get their own CQ.
+/// CQ, so about 250,000 connections; fewer on a device with a smaller `max_cqe`);
+/// beyond, connections get their own CQ.
 const MAX_CQS: usize = 4095;
 // Above the CM channel's key, and within the first page, where no address points.
 const _: () = assert!(FIRST_KEY > super::listener::CONN_EVENTS_KEY && FIRST_KEY + MAX_CQS <= 4096);
@@ -95,6 +96,8 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
     // With no vector configured, the CQs take the device's vectors in turn.
     let vector = cfg.comp_vector.unwrap_or(i as u32);
     let cq = match SharedCq::new(id, MAX_SHARED_CQES, vector) {
+        // A device whose CQs cannot hold one connection's queues: no sharing there.
+        Ok(cq) if cq.budget_now().capacity() < QueueDepths::DEFAULT.cqes() => return None,
         Ok(cq) => cq,
         Err(e) => {
             log_limited(format_args!(

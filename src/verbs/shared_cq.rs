@@ -167,15 +167,25 @@ unsafe impl Send for SharedCq {}
 unsafe impl Sync for SharedCq {}
 
 impl SharedCq {
-    /// A CQ of `capacity` entries (at most [`MAX_SHARED_CQES`]) on the device of `id`,
-    /// whose address (client: route) is resolved; armed, its channel non-blocking.
+    /// A CQ of `capacity` entries (at most [`MAX_SHARED_CQES`] and the device's
+    /// `max_cqe`) on the device of `id`, whose address (client: route) is resolved;
+    /// armed, its channel non-blocking.
     pub fn new(id: &CmId, capacity: u32, comp_vector: u32) -> Result<Arc<SharedCq>> {
         let verbs = id.raw().verbs;
         if verbs.is_null() {
             return Err(VerbsError::with(VerbsOp::NoDevice, libc::ENODEV));
         }
-        let capacity = capacity.clamp(1, MAX_SHARED_CQES);
         let l = loaded();
+        // SAFETY: `verbs` is the live device context of `id`; the attributes are plain
+        // integers, written by the call.
+        let max_cqe = unsafe {
+            let mut attr: ibv_device_attr = std::mem::zeroed();
+            match (l.ibv_query_device)(verbs, &mut attr) {
+                0 if attr.max_cqe > 0 => attr.max_cqe as u32,
+                _ => MAX_SHARED_CQES,
+            }
+        };
+        let capacity = capacity.clamp(1, MAX_SHARED_CQES.min(max_cqe));
         let mut s = SharedCq {
             verbs,
             channel: std::ptr::null_mut(),
