@@ -65,8 +65,8 @@ idle_capacity() {
     local peak=0 p
     for l in "${logs[@]}"; do
         h=$(sed -n 's/^idle: holding \([0-9]*\) connections/\1/p' "$l"); held=$((held + ${h:-0}))
-        # the last progress line: how far it got, also when it was killed on the way
-        p=$(tr '\r' '\n' < "$l.err" | sed -n 's/^idle: \([0-9]*\) held.*/\1/p' | tail -n 1); peak=$((peak + ${p:-0}))
+        # the most held at a progress line: how far it got, also when it was killed or lost them later
+        p=$(tr '\r' '\n' < "$l.err" | sed -n 's/^idle: \([0-9]*\) held.*/\1/p' | sort -n | tail -n 1); peak=$((peak + ${p:-0}))
     done
     [ "$held" -gt "$peak" ] && peak=$held
     cc=$(info_field clients connected_clients) rej=$(info_field stats rejected_connections)
