@@ -151,13 +151,7 @@ pub struct IdlePool {
 
 impl IdlePool {
     pub fn new(addr: impl ToSocketAddrs, opts: IdleOptions) -> Result<IdlePool> {
-        let addr: SocketAddr = addr
-            .to_socket_addrs()
-            .map_err(|e| ClientError::Refused(e.to_string()))?
-            .next()
-            .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
-        verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
-        let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
+        let (addr, channel) = super::resolve_and_open(addr)?;
         Ok(IdlePool {
             slots: Vec::new(),
             by_qp: HashMap::new(),

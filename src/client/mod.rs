@@ -153,13 +153,7 @@ impl RdmaStream {
         addr: impl ToSocketAddrs,
         opts: &Options,
     ) -> Result<(SocketAddr, EventChannel, Endpoint, Instant)> {
-        let addr: SocketAddr = addr
-            .to_socket_addrs()
-            .map_err(|e| ClientError::Refused(e.to_string()))?
-            .next()
-            .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
-        verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
-        let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
+        let (addr, channel) = resolve_and_open(addr)?;
         let id = CmId::new(&channel)?;
         let deadline = Instant::now() + opts.timeout;
         id.resolve_addr(&addr, 2000).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
@@ -419,6 +413,19 @@ enum Expect {
     AddrResolved,
     RouteResolved,
     Established,
+}
+
+/// The server's address, resolved, and a new rdma_cm event channel (the verbs libraries
+/// loaded first, so that their absence is told apart from a missing `rdma_ucm`).
+pub(crate) fn resolve_and_open(addr: impl ToSocketAddrs) -> Result<(SocketAddr, EventChannel)> {
+    let addr: SocketAddr = addr
+        .to_socket_addrs()
+        .map_err(|e| ClientError::Refused(e.to_string()))?
+        .next()
+        .ok_or_else(|| ClientError::Refused("the address resolves to nothing".into()))?;
+    verbs::lib().map_err(|e| ClientError::NoDevice(e.to_string()))?;
+    let channel = EventChannel::new().map_err(|e| ClientError::NoDevice(format!("{e} (is rdma_ucm loaded?)")))?;
+    Ok((addr, channel))
 }
 
 fn expect_event(ch: &EventChannel, want: Expect, deadline: Instant, addr: &SocketAddr) -> Result<()> {

@@ -217,43 +217,48 @@ pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
 /// Takes up to [`COMPLETIONS_PER_WAKEUP`] completions from the connection's own CQ and
 /// feeds them to the core.
 pub(crate) fn process_completions(c: &HostedConn) {
-    let mut g = c.inner.lock();
-    let inner = &mut *g;
-    let Some(ep) = inner.ep.as_mut() else { return };
-    let completions = &mut inner.completions;
-    completions.clear();
-    let mut failed = None;
-    // (the test knob makes the budget small, so that the suite reaches this path)
-    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
-    match ep.poll(budget, |c| completions.push(c)) {
-        Ok(left) => {
-            inner.core.set_completions_left(left);
-            stats::add(&STATS.completions, completions.len() as u64);
-            stats::add(&STATS.budget_hits, left.into());
+    with_completions(c, |ep, completions, core| {
+        // (the test knob makes the budget small, so that the suite reaches this path)
+        let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
+        match ep.poll(budget, |c| completions.push(c)) {
+            Ok(left) => {
+                core.set_completions_left(left);
+                stats::add(&STATS.completions, completions.len() as u64);
+                stats::add(&STATS.budget_hits, left.into());
+                None
+            }
+            Err(e) => {
+                core.set_completions_left(false);
+                core.on_local_error(e.op.name(), e.errno).err()
+            }
         }
-        Err(e) => {
-            inner.core.set_completions_left(false);
-            failed = inner.core.on_local_error(e.op.name(), e.errno).err();
-        }
-    }
-    feed_core(c, inner, failed);
+    });
 }
 
 /// Completions of this connection's QP taken from a shared CQ
 /// ([`super::shared_cqs`]), in arrival order: the endpoint's bookkeeping, then the core.
 pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
+    with_completions(c, |ep, completions, core| {
+        for wc in wcs {
+            if let Err(e) = ep.on_completion(wc, |c| completions.push(c)) {
+                return core.on_local_error(e.op.name(), e.errno).err();
+            }
+        }
+        None
+    });
+}
+
+/// Under the lock: `take` fills the (cleared) completion list from the endpoint, then
+/// [`feed_core`] hands it over. Nothing is done once the endpoint is torn down.
+fn with_completions(
+    c: &HostedConn,
+    take: impl FnOnce(&mut Endpoint, &mut Vec<Completion>, &mut Conn) -> Option<Failure>,
+) {
     let mut g = c.inner.lock();
     let inner = &mut *g;
     let Some(ep) = inner.ep.as_mut() else { return };
-    let completions = &mut inner.completions;
-    completions.clear();
-    let mut failed = None;
-    for wc in wcs {
-        if let Err(e) = ep.on_completion(wc, |c| completions.push(c)) {
-            failed = inner.core.on_local_error(e.op.name(), e.errno).err();
-            break;
-        }
-    }
+    inner.completions.clear();
+    let failed = take(ep, &mut inner.completions, &mut inner.core);
     feed_core(c, inner, failed);
 }
 

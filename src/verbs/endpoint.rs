@@ -3,7 +3,6 @@
 //! pair on the rdma_cm id, the control-message slots, the RX buffer and (once the peer
 //! has registered its RX buffer) the TX buffer (docs/protocol.md §2).
 
-use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +11,7 @@ use std::sync::Arc;
 use rdma_sys::*;
 
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
-use super::shared_cq::{CqAttachment, SharedCq, WorkCompletion};
+use super::shared_cq::{poll_channel_cq, CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
 use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::conn::RxBuffer;
@@ -579,37 +578,13 @@ impl Endpoint {
         if self.shared.is_some() {
             return Err(VerbsError::with(VerbsOp::PollCq, libc::EINVAL));
         }
-        let l = loaded();
-        let mut ev_cq = std::ptr::null_mut();
-        let mut ev_ctx: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the channel is non-blocking; an event, if returned, is acked once.
-        if unsafe { (l.ibv_get_cq_event)(self.comp_channel, &mut ev_cq, &mut ev_ctx) } == 0 {
-            // SAFETY: one ack for the one event just taken, before re-arming.
-            unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
+        let (channel, cq) = (self.comp_channel, self.cq);
+        // SAFETY: the endpoint's own channel and CQ, live while self is.
+        unsafe {
+            poll_channel_cq(channel, cq, budget, |batch| {
+                batch.iter().try_for_each(|wc| self.complete(&WorkCompletion::from_raw(wc), &mut f))
+            })
         }
-        // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
-        if unsafe { ibv_req_notify_cq(self.cq, 0) } != 0 {
-            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
-        }
-        // SAFETY: all-zero is a valid ibv_wc (plain integers).
-        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
-        let mut left = budget;
-        while left > 0 {
-            let want = left.min(wcs.len());
-            // SAFETY: `wcs` has room for `want` <= 32 entries.
-            let n = unsafe { ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr()) };
-            if n < 0 {
-                return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
-            }
-            for wc in &wcs[..n as usize] {
-                self.complete(&WorkCompletion::from_raw(wc), &mut f)?;
-            }
-            if (n as usize) < want {
-                return Ok(false);
-            }
-            left -= n as usize;
-        }
-        Ok(true)
     }
 
     /// One completion from a shared CQ whose [`WorkCompletion::qp_num`] is this

@@ -250,44 +250,69 @@ impl SharedCq {
     /// are dropped). Returns whether completions may be left, as
     /// [`Endpoint::poll`](super::Endpoint::poll): the caller comes back for them.
     pub fn poll(&self, budget: usize, mut f: impl FnMut(WorkCompletion)) -> Result<bool> {
-        let l = loaded();
         let retired_before = self.budget().retired_count();
-        let mut ev_cq = std::ptr::null_mut();
-        let mut ev_ctx: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the channel is non-blocking; an event, if returned, is acked once.
-        if unsafe { (l.ibv_get_cq_event)(self.channel, &mut ev_cq, &mut ev_ctx) } == 0 {
-            // SAFETY: one ack for the one event just taken, before re-arming.
-            unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
+        // SAFETY: the channel and CQ are live while self is.
+        let left = unsafe {
+            poll_channel_cq(self.channel, self.cq, budget, |batch| {
+                let live: Vec<WorkCompletion> = {
+                    let b = self.budget();
+                    batch.iter().filter(|wc| !b.is_retired(wc.qp_num)).map(WorkCompletion::from_raw).collect()
+                };
+                live.into_iter().for_each(&mut f);
+                Ok(())
+            })?
+        };
+        if !left {
+            self.budget().drained(retired_before);
         }
-        // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
-        if unsafe { ibv_req_notify_cq(self.cq, 0) } != 0 {
-            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
-        }
-        // SAFETY: all-zero is a valid ibv_wc (plain integers).
-        let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
-        let mut left = budget;
-        while left > 0 {
-            let want = left.min(wcs.len());
-            // SAFETY: `wcs` has room for `want` <= 32 entries.
-            let n = unsafe { ibv_poll_cq(self.cq, want as i32, wcs.as_mut_ptr()) };
-            if n < 0 {
-                return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
-            }
-            let live: Vec<WorkCompletion> = {
-                let b = self.budget();
-                wcs[..n as usize].iter().filter(|wc| !b.is_retired(wc.qp_num)).map(WorkCompletion::from_raw).collect()
-            };
-            for wc in live {
-                f(wc);
-            }
-            if (n as usize) < want {
-                self.budget().drained(retired_before);
-                return Ok(false);
-            }
-            left -= n as usize;
-        }
-        Ok(true)
+        Ok(left)
     }
+}
+
+/// One wake-up of a completion channel and its CQ: consumes a pending notification (if
+/// any), re-arms the CQ, then polls up to `budget` completions in batches of 32, each
+/// batch handed to `f`. Returns whether completions may be left (the budget ran out):
+/// the channel signals only new ones, so the caller must come back for them. The one
+/// poll loop of both kinds of CQ: an endpoint's own and a shared one.
+///
+/// # Safety
+/// `channel` and `cq` must be live, `cq` created on `channel`.
+pub(super) unsafe fn poll_channel_cq(
+    channel: *mut ibv_comp_channel,
+    cq: *mut ibv_cq,
+    budget: usize,
+    mut f: impl FnMut(&[ibv_wc]) -> Result<()>,
+) -> Result<bool> {
+    let l = loaded();
+    let mut ev_cq = std::ptr::null_mut();
+    let mut ev_ctx: *mut c_void = std::ptr::null_mut();
+    // SAFETY: per the contract; the channel is non-blocking; an event, if returned, is
+    // acked once.
+    if unsafe { (l.ibv_get_cq_event)(channel, &mut ev_cq, &mut ev_ctx) } == 0 {
+        // SAFETY: one ack for the one event just taken, before re-arming.
+        unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
+    }
+    // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
+    if unsafe { ibv_req_notify_cq(cq, 0) } != 0 {
+        return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
+    }
+    // SAFETY: all-zero is a valid ibv_wc (plain integers).
+    let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+    let mut left = budget;
+    while left > 0 {
+        let want = left.min(wcs.len());
+        // SAFETY: `wcs` has room for `want` <= 32 entries.
+        let n = unsafe { ibv_poll_cq(cq, want as i32, wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
+        }
+        f(&wcs[..n as usize])?;
+        if (n as usize) < want {
+            return Ok(false);
+        }
+        left -= n as usize;
+    }
+    Ok(true)
 }
 
 impl Drop for SharedCq {
