@@ -226,8 +226,8 @@ pub fn map_count(clients: u64) -> Check {
             "max_map_count",
             format!(
                 "vm.max_map_count is {limit} and each RDMA client takes about {} memory mappings: about {} of {clients} clients fit",
-                verbs::maps_for_clients(1) - verbs::maps_for_clients(0),
-                limit.saturating_sub(verbs::maps_for_clients(0)) / (verbs::maps_for_clients(1) - verbs::maps_for_clients(0)),
+                verbs::MAPS_PER_NEW_ENDPOINT,
+                limit.saturating_sub(verbs::maps_for_clients(0)) / verbs::MAPS_PER_NEW_ENDPOINT,
             ),
             format!("raise it: sysctl -w vm.max_map_count={} (and in /etc/sysctl.d/ to keep it)", need.next_multiple_of(1024)),
         ),

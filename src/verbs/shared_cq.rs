@@ -254,6 +254,12 @@ impl SharedCq {
         // SAFETY: the channel and CQ are live while self is.
         let left = unsafe {
             poll_channel_cq(self.channel, self.cq, budget, |batch| {
+                // Usually no QP is retired: then nothing is filtered, copied or held.
+                if !self.has_retired() {
+                    batch.iter().map(WorkCompletion::from_raw).for_each(&mut f);
+                    return Ok(());
+                }
+                // `f` runs without the lock held (it may drop an attachment).
                 let live: Vec<WorkCompletion> = {
                     let b = self.budget();
                     batch.iter().filter(|wc| !b.is_retired(wc.qp_num)).map(WorkCompletion::from_raw).collect()
