@@ -482,6 +482,12 @@ impl Endpoint {
         drop(old_buf);
     }
 
+    /// Control messages posted and not yet completed. Control sends are signalled, and a
+    /// completed send was acknowledged by the peer's device: 0 means every one arrived.
+    pub fn control_in_flight(&self) -> usize {
+        self.depths.tx_slots() - self.free_tx_slots.len()
+    }
+
     /// Whether the send queue can take a data write now.
     pub fn can_write(&self) -> bool {
         self.sq_room() > self.depths.reserved_for_control()
