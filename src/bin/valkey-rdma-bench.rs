@@ -3,7 +3,7 @@
 //!
 //!   valkey-rdma-bench [-h HOST] [-p PORT] [--tcp] [-c CONNS] [-P PIPELINE] [-t set,get]
 //!                     [-d BYTES] [-n REQUESTS] [--duration SECS] [-r KEYSPACE]
-//!                     [--server-pid PID] [--json FILE] [-q]
+//!                     [--server-pid PID] [--json FILE] [--latency-trace PREFIX] [-q]
 //!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
 //!   valkey-rdma-bench --cluster [-h SEED_HOST] [-p SEED_PORT] [--duration SECS] [-r KEYS]
@@ -21,6 +21,9 @@ struct Args {
     server_pid: Option<u32>,
     json: Option<String>,
     svg: Option<String>,
+    /// `--latency-trace PREFIX`: every timed pipeline to PREFIX.tsv (with `--compare`,
+    /// PREFIX-ROUND-ours.tsv and PREFIX-ROUND-c.tsv), one line each (`bench::Sample`).
+    latency_trace: Option<String>,
     quiet: bool,
     compare: bool,
     server: String,
@@ -69,6 +72,7 @@ fn parse_args() -> Args {
         server_pid: None,
         json: None,
         svg: None,
+        latency_trace: None,
         quiet: false,
         compare: false,
         server: String::new(),
@@ -102,6 +106,7 @@ fn parse_args() -> Args {
             "--server-pid" => a.server_pid = Some(num(val(&mut it)) as u32),
             "--json" => a.json = Some(val(&mut it)),
             "--svg" => a.svg = Some(val(&mut it)),
+            "--latency-trace" => a.latency_trace = Some(val(&mut it)),
             "-q" => a.quiet = true,
             "--compare" => a.compare = true,
             "--server" => a.server = val(&mut it),
@@ -220,6 +225,19 @@ fn kib_per_connection(w: &Workload, pid: u32) -> f64 {
     after.saturating_sub(before) as f64 / n as f64
 }
 
+/// `--latency-trace`: the run's pipelines, one per line, to PREFIX{suffix}.tsv.
+fn write_trace(a: &Args, suffix: &str, s: &Stats) {
+    let Some(prefix) = &a.latency_trace else { return };
+    let mut text = String::from(bench::Sample::TSV_HEADER);
+    text.push('\n');
+    for sample in &s.samples {
+        text.push_str(&sample.tsv());
+        text.push('\n');
+    }
+    let path = format!("{prefix}{suffix}.tsv");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("--latency-trace: cannot write {path}: {e}"));
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -243,6 +261,7 @@ fn compare(a: &Args) {
             let w = Workload { addr: format!("{host}:{p}"), ..a.w.clone() };
             let stats = bench::run(&w, Some(srv.1), progress(a.quiet)).unwrap_or_else(|e| panic!("{label}: {e}"));
             let mem = kib_per_connection(&w, srv.1);
+            write_trace(a, &format!("-{round}-{}", if i == 0 { "c" } else { "ours" }), &stats);
             eprint!("\r");
             print_stats(&format!("round {round} {label}"), &stats);
             json.push(format!(
@@ -351,6 +370,7 @@ fn main() {
         eprintln!();
     }
     print_stats(if a.w.transport == Transport::Rdma { "RDMA" } else { "TCP" }, &stats);
+    write_trace(&a, "", &stats);
     if let Some(path) = &a.json {
         std::fs::write(path, stats.to_json("run") + "\n").unwrap();
     }

@@ -72,6 +72,32 @@ pub struct Stats {
     /// Server CPU seconds (user + system) per million requests, if its pid was known.
     pub server_cpu_s_per_mreq: Option<f64>,
     pub errors: u64,
+    /// Every pipeline timed, in the order each connection sent them (for
+    /// `--latency-trace`: where in a run the slow ones fall).
+    pub samples: Vec<Sample>,
+}
+
+/// One pipeline: which connection sent it, when (since the clock started), how long its
+/// replies took, and the bytes that connection had sent and received before it (to line
+/// slow ones up with the windows' hand-backs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    pub connection: u32,
+    pub start_us: u64,
+    pub latency_us: u32,
+    pub sent_before: u64,
+    pub received_before: u64,
+}
+
+impl Sample {
+    pub const TSV_HEADER: &'static str = "connection\tstart_us\tlatency_us\tsent_before\treceived_before";
+
+    pub fn tsv(&self) -> String {
+        format!(
+            "{}\t{}\t{}\t{}\t{}",
+            self.connection, self.start_us, self.latency_us, self.sent_before, self.received_before
+        )
+    }
 }
 
 fn command(name: &str, key: &str, value: &[u8], out: &mut Vec<u8>) {
@@ -188,7 +214,8 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
             let (w, done, errors, stop) = (w.clone(), done.clone(), errors.clone(), stop.clone());
             std::thread::spawn(move || {
                 let value = vec![b'x'; w.value_size];
-                let mut lat = Vec::new();
+                let mut samples: Vec<Sample> = Vec::new();
+                let (mut sent, mut received) = (0u64, 0u64);
                 let mut buf = vec![0u8; 256 * 1024];
                 let mut inbuf = Vec::new();
                 let mut n: u64 = i as u64;
@@ -208,6 +235,14 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                         n = n.wrapping_add(7919);
                     }
                     let start = Instant::now();
+                    let sample = Sample {
+                        connection: i as u32,
+                        start_us: start.duration_since(t0).as_micros() as u64,
+                        sent_before: sent,
+                        received_before: received,
+                        ..Sample::default()
+                    };
+                    sent += out.len() as u64;
                     if s.send(&out).is_err() {
                         errors.fetch_add(1, Ordering::Relaxed);
                         break;
@@ -232,7 +267,10 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                             Err(_) => break,
                         }
                         match s.recv(&mut buf) {
-                            Ok(k) => inbuf.extend_from_slice(&buf[..k]),
+                            Ok(k) => {
+                                received += k as u64;
+                                inbuf.extend_from_slice(&buf[..k]);
+                            }
                             Err(_) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
                                 break;
@@ -240,12 +278,12 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
                         }
                     }
                     inbuf.drain(..at);
-                    lat.push(start.elapsed().as_micros() as u32);
+                    samples.push(Sample { latency_us: start.elapsed().as_micros() as u32, ..sample });
                     if replies < w.pipeline {
                         break;
                     }
                 }
-                lat
+                samples
             })
         })
         .collect();
@@ -262,7 +300,8 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu1 = server_pid.and_then(process_cpu_seconds);
-    let mut lat: Vec<u32> = handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+    let samples: Vec<Sample> = handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+    let mut lat: Vec<u32> = samples.iter().map(|s| s.latency_us).collect();
     lat.sort_unstable();
     let requests = lat.len() as u64 * w.pipeline as u64;
     let pct = |p: f64| {
@@ -280,6 +319,7 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
             _ => None,
         },
         errors: errors.load(Ordering::Relaxed),
+        samples,
     })
 }
 
@@ -342,6 +382,7 @@ mod tests {
             p999_us: 3.0,
             server_cpu_s_per_mreq: Some(0.5),
             errors: 0,
+            samples: Vec::new(),
         };
         let j = s.to_json("ours");
         assert!(

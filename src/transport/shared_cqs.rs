@@ -193,14 +193,12 @@ fn poll(cq: usize, then: Then) -> bool {
     // Every completion reaches its core before any handler runs: a handler may process
     // events while it blocks (a long script), and a poll nested there must find nothing
     // of this one still undelivered, or a connection would see later bytes first.
+    let order = handler_order(&groups);
     let mut got = Vec::with_capacity(groups.len());
-    for (key, wcs) in groups {
-        if let Some(c) = live::get(key) {
-            connection::on_shared_completions(&c, &wcs);
-            got.push(c);
-        }
+    for g in &groups {
+        got.push(live::get(g.key).inspect(|c| connection::on_shared_completions(c, &g.wcs)));
     }
-    for c in got {
+    for c in order.into_iter().filter_map(|i| got[i].take()) {
         match then {
             Then::RunHandlers => connection::run(&c),
             Then::Queue => connection::queue_if_due(&c),
@@ -212,16 +210,48 @@ fn poll(cq: usize, then: Then) -> bool {
 /// The completions by the connection that owns their QP, in the order each connection
 /// first appears and in arrival order within each; those of QPs with no owner (a closed
 /// connection) are dropped.
-fn group_by_owner(owners: &HashMap<u32, usize>, wcs: &[WorkCompletion]) -> Vec<(usize, Vec<WorkCompletion>)> {
-    let mut groups: Vec<(usize, Vec<WorkCompletion>)> = Vec::new();
+/// The order in which the connections of one poll run their handlers (indices into
+/// `groups`, which are in order of each one's first completion): those that received
+/// something in reverse order of their first receive, then the rest (send completions
+/// only: a reopened window) as they came.
+///
+/// Why reverse: the server queues a client with a new reply at the head of its
+/// pending-write list and writes that list from the head before it sleeps
+/// (`putClientInPendingWriteQueue` and `handleClientsWithPendingWrites` in Valkey's
+/// networking.c). Handlers run in arrival order would have the request that arrived
+/// first answered last; one poll can hold a request from every busy client, and rxe's
+/// send doorbell is a system call, so that spread latencies from one write to the whole
+/// batch (docs/protocol.md §4.6). Run in reverse, the replies go out in the order the
+/// requests arrived, as they do when each connection has a wake-up of its own.
+fn handler_order(groups: &[Group]) -> Vec<usize> {
+    let mut receivers: Vec<(usize, usize)> =
+        groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))).collect();
+    receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+    let others = groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g);
+    receivers.into_iter().map(|(_, g)| g).chain(others).collect()
+}
+
+/// One connection's completions of one poll, in arrival order.
+struct Group {
+    key: usize,
+    wcs: Vec<WorkCompletion>,
+    /// Where its first receive came in the poll, if it had one.
+    first_receive: Option<usize>,
+}
+
+fn group_by_owner(owners: &HashMap<u32, usize>, wcs: &[WorkCompletion]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
     let mut at: HashMap<usize, usize> = HashMap::new();
-    for wc in wcs {
+    for (i, wc) in wcs.iter().enumerate() {
         let Some(&key) = owners.get(&wc.qp_num()) else { continue };
         let g = *at.entry(key).or_insert_with(|| {
-            groups.push((key, Vec::new()));
+            groups.push(Group { key, wcs: Vec::new(), first_receive: None });
             groups.len() - 1
         });
-        groups[g].1.push(*wc);
+        groups[g].wcs.push(*wc);
+        if wc.is_receive() {
+            groups[g].first_receive.get_or_insert(i);
+        }
     }
     groups
 }
@@ -239,8 +269,29 @@ mod tests {
             .collect();
         let groups = group_by_owner(&owners, &wcs);
         let seen: Vec<(usize, Vec<u64>)> =
-            groups.iter().map(|(k, g)| (*k, g.iter().map(|wc| wc.wr_id()).collect())).collect();
+            groups.iter().map(|g| (g.key, g.wcs.iter().map(|wc| wc.wr_id()).collect())).collect();
         assert_eq!(seen, vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
+    }
+
+    #[test]
+    fn handlers_run_latest_request_first_so_that_replies_leave_in_arrival_order() {
+        // qp 10 sent a reply earlier and then a request; 11 and 12 sent requests; 13
+        // only had a write complete (its handler may write more).
+        let owners: HashMap<u32, usize> =
+            [(10, 0xa000), (11, 0xb000), (12, 0xc000), (13, 0xd000)].into_iter().collect();
+        let wcs = [
+            WorkCompletion::sent(10, 1),
+            WorkCompletion::sent(13, 2),
+            WorkCompletion::received(11, 3),
+            WorkCompletion::received(10, 4),
+            WorkCompletion::received(12, 5),
+            WorkCompletion::received(11, 6),
+        ];
+        let groups = group_by_owner(&owners, &wcs);
+        let keys: Vec<usize> = handler_order(&groups).into_iter().map(|g| groups[g].key).collect();
+        // requests arrived 11, 10, 12: handlers run 12, 10, 11, then 13
+        assert_eq!(keys, vec![0xc000, 0xa000, 0xb000, 0xd000]);
+        assert_eq!(handler_order(&[]), Vec::<usize>::new());
     }
 
     #[test]

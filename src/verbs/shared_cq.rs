@@ -130,6 +130,12 @@ impl WorkCompletion {
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
+    /// A receive (a control message or a peer's write with an immediate), not the
+    /// completion of something this side posted: the receive opcodes have bit 7 set
+    /// (`IBV_WC_RECV` = 128).
+    pub fn is_receive(&self) -> bool {
+        self.opcode & ibv_wc_opcode::IBV_WC_RECV != 0
+    }
     #[cfg(test)]
     pub fn wr_id(&self) -> u64 {
         self.wr_id
@@ -147,6 +153,11 @@ impl WorkCompletion {
             imm: 0,
             qp_num,
         }
+    }
+    /// A successful send (a write this side posted) of QP `qp_num`, for tests.
+    #[cfg(test)]
+    pub fn sent(qp_num: u32, wr_id: u64) -> Self {
+        WorkCompletion { opcode: ibv_wc_opcode::IBV_WC_RDMA_WRITE, ..Self::received(qp_num, wr_id) }
     }
 }
 
