@@ -712,6 +712,13 @@ impl Conn {
         }
     }
 
+    /// Where the next write would land in the peer's RX buffer: the sender's TX buffer
+    /// mirrors it (docs/protocol.md §4.3), and the driver may take less than a write
+    /// offers so that one work request stays inside one registered chunk of it.
+    pub fn tx_offset(&self) -> u32 {
+        self.session.tx.offset()
+    }
+
     /// `write`/`writev` (main thread or IO thread): reserves up to `len` bytes of the
     /// peer's window. `sq_room`: the send queue has more than the entries kept for
     /// control messages (docs/protocol.md §4.5). The bytes count as written once

@@ -85,6 +85,10 @@ impl TxWindow {
     pub fn available(&self) -> u32 {
         self.len - self.offset
     }
+    /// Where the next write lands in the peer's buffer (and, mirrored, in ours).
+    pub fn offset(&self) -> u32 {
+        self.offset
+    }
     /// Claims up to `want` bytes. Returns the offset in the peer's (and, mirrored, our
     /// TX) buffer and the byte count; `None` when the window is exhausted.
     pub fn reserve(&mut self, want: usize) -> Option<(u32, u32)> {
