@@ -337,7 +337,7 @@ impl RdmaStream {
 
     /// Writes as much as the window takes now (one RDMA_WRITE_WITH_IMM).
     pub fn try_write(&mut self, data: &[u8]) -> Result<usize> {
-        // one work request stays inside one registered chunk of the TX buffer
+        // one work request spans at most two chunks of the TX buffer (a client has one)
         let len = data.len().min(self.ep.tx_write_limit(self.core.tx_offset()) as usize);
         match self.core.write(len, self.ep.can_write()) {
             Ok(g) => {

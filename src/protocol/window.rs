@@ -59,6 +59,10 @@ impl RxWindow {
     pub fn consumed(&self) -> u32 {
         self.pos
     }
+    /// Bytes the peer has written since the last registration.
+    pub fn written(&self) -> u32 {
+        self.offset
+    }
 }
 
 /// The peer's RX buffer, as the sender sees it. Empty until the peer's first

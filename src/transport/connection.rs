@@ -185,14 +185,14 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
 }
 
 /// `write`/`writev`: as much of `parts` as the peer's window takes, up to the end of
-/// the TX buffer's chunk it starts in ([`crate::verbs::TX_CHUNK`]), in one
+/// the TX chunk after the one it starts in ([`crate::verbs::TX_CHUNK`]), in one
 /// RDMA_WRITE_WITH_IMM. `Some(0)`: nothing now (a completion reopens the window);
 /// `None`: the connection is over.
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
     let mut g = c.inner.lock();
     let inner = &mut *g;
-    // One work request stays inside one registered chunk of the TX buffer; the server
+    // One work request spans at most two registered chunks of the TX buffer; the server
     // writes the rest in its next call, as after a short write on a socket.
     let limit = inner.ep.as_ref().map_or(0, |ep| ep.tx_write_limit(inner.core.tx_offset()));
     let total = parts.iter().map(|p| p.len()).sum::<usize>().min(limit as usize);

@@ -91,7 +91,7 @@ pub struct EndpointConfig {
     /// `None`: pick one at random; `Some(n)`: n modulo the device's vectors.
     pub comp_vector: Option<u32>,
     /// The TX buffer is registered in chunks of this many bytes, each when a write first
-    /// reaches it; a write stays inside one ([`Endpoint::tx_write_limit`]). The server
+    /// reaches it; a write spans at most two ([`Endpoint::tx_write_limit`]). The server
     /// uses [`TX_CHUNK`]; a client, whose TX buffer is made before it sends, `u32::MAX`
     /// (one chunk: its writes are not cut).
     pub tx_chunk: u32,
@@ -266,7 +266,7 @@ impl Endpoint {
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.cap.max_send_wr = ep.depths.send;
             attr.cap.max_recv_wr = ep.depths.recv;
-            attr.cap.max_send_sge = 1;
+            attr.cap.max_send_sge = 2; // a write may span two TX chunks
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
                 return Err(VerbsError::last(VerbsOp::CreateQp));
@@ -438,9 +438,11 @@ impl Endpoint {
     }
 
     /// How many bytes a write landing at `offset` of the peer's window (mirrored in the
-    /// TX buffer) may carry at most: up to the end of its TX chunk.
+    /// TX buffer) may carry at most: up to the end of the chunk after the one it starts
+    /// in (one work request has two scatter entries, one per chunk).
     pub fn tx_write_limit(&self, offset: u32) -> u32 {
-        self.tx_chunk - offset % self.tx_chunk
+        let chunk = u64::from(self.tx_chunk);
+        (2 * chunk - u64::from(offset) % chunk).min(u64::from(u32::MAX)) as u32
     }
 
     /// The local key for `len` bytes of the TX buffer at `offset`, all in one chunk,
@@ -584,18 +586,22 @@ impl Endpoint {
 
     /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
     fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
-        let lkey = self.tx_chunk_lkey(offset, len)?;
-        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
-        let mut sge = ibv_sge {
-            // SAFETY: tx_chunk_lkey checked offset + len against the TX buffer.
-            addr: unsafe { region.buf.as_ptr().add(offset as usize) } as u64,
-            length: len,
-            lkey,
-        };
+        // One scatter entry per TX chunk the bytes lie in (at most two: tx_write_limit).
+        let chunk = self.tx.current().map_or(usize::MAX, |r| r.chunk);
+        let first = len.min((chunk - offset as usize % chunk).min(u32::MAX as usize) as u32);
+        let pieces = [(offset, first), (offset + first, len - first)];
+        let n = if pieces[1].1 > 0 { 2 } else { 1 };
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        for (sge, &(at, k)) in sges.iter_mut().zip(&pieces[..n]) {
+            let lkey = self.tx_chunk_lkey(at, k)?;
+            let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+            // SAFETY: tx_chunk_lkey checked at + k against the TX buffer.
+            *sge = ibv_sge { addr: unsafe { region.buf.as_ptr().add(at as usize) } as u64, length: k, lkey };
+        }
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
         wr.opcode = opcode;
         fill(&mut wr);
         let always_signal = opcode == ibv_wr_opcode::IBV_WR_SEND;
