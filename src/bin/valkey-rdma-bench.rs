@@ -3,7 +3,7 @@
 //!
 //!   valkey-rdma-bench [-h HOST] [-p PORT] [--tcp] [-c CONNS] [-P PIPELINE] [-t set,get]
 //!                     [-d BYTES] [-n REQUESTS] [--duration SECS] [-r KEYSPACE]
-//!                     [--server-pid PID] [--json FILE] [--latency-trace PREFIX] [-q]
+//!                     [--server-pid PID] [--json FILE] [--latency-trace PREFIX] [--rx-size BYTES] [-q]
 //!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
 //!   valkey-rdma-bench --cluster [-h SEED_HOST] [-p SEED_PORT] [--duration SECS] [-r KEYS]
@@ -68,6 +68,7 @@ fn parse_args() -> Args {
             requests: 100_000,
             duration: Duration::from_secs(3600),
             keyspace: 10_000,
+            rx_size: rdma::client::Options::default().rx_size,
         },
         server_pid: None,
         json: None,
@@ -118,7 +119,10 @@ fn parse_args() -> Args {
             "--tries" => a.tries = num(val(&mut it)).max(1) as u32,
             "--stop-file" => a.stop_file = Some(val(&mut it)),
             "--idle" => a.idle = Some(num(val(&mut it)) as usize),
-            "--rx-size" => a.idle_opts.rx_size = num(val(&mut it)).clamp(4096, u32::MAX as u64) as u32,
+            "--rx-size" => {
+                a.w.rx_size = num(val(&mut it)).clamp(4096, u32::MAX as u64) as u32;
+                a.idle_opts.rx_size = a.w.rx_size;
+            }
             "--in-flight" => a.idle_opts.in_flight = num(val(&mut it)).max(1) as usize,
             "--hold" => a.hold = Duration::from_secs(num(val(&mut it))),
             "--timeout" => a.idle_opts.timeout = Duration::from_secs(num(val(&mut it)).max(1)),

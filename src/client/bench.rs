@@ -59,6 +59,8 @@ pub struct Workload {
     /// … or after this long, whichever comes first.
     pub duration: Duration,
     pub keyspace: u64,
+    /// Each RDMA connection's RX buffer (the server's TX window to it).
+    pub rx_size: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -188,7 +190,8 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
 pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
     match w.transport {
         Transport::Rdma => {
-            Ok(Box::new(RdmaStream::connect(w.addr.as_str(), &Options::default()).map_err(|e| e.to_string())?))
+            let opts = Options { rx_size: w.rx_size, ..Options::default() };
+            Ok(Box::new(RdmaStream::connect(w.addr.as_str(), &opts).map_err(|e| e.to_string())?))
         }
         Transport::Tcp => {
             let s = std::net::TcpStream::connect(&w.addr).map_err(|e| e.to_string())?;

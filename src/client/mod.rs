@@ -162,7 +162,7 @@ impl RdmaStream {
         expect_event(&channel, Expect::RouteResolved, deadline, &addr)?;
         let ep = Endpoint::new(
             id,
-            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false },
+            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false, tx_chunk: u32::MAX },
         )?;
         ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
         Ok((addr, channel, ep, deadline))
@@ -337,7 +337,9 @@ impl RdmaStream {
 
     /// Writes as much as the window takes now (one RDMA_WRITE_WITH_IMM).
     pub fn try_write(&mut self, data: &[u8]) -> Result<usize> {
-        match self.core.write(data.len(), self.ep.can_write()) {
+        // one work request spans at most two chunks of the TX buffer (a client has one)
+        let len = data.len().min(self.ep.tx_write_limit(self.core.tx_offset()) as usize);
+        match self.core.write(len, self.ep.can_write()) {
             Ok(g) => {
                 if let Err(e) = self.ep.post_write(g.offset, &[data], g.len, g.remote_addr, g.rkey) {
                     let _ = self.core.on_local_error(e.op.name(), e.errno);

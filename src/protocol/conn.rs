@@ -558,7 +558,15 @@ impl Conn {
         if matches!(self.state, State::Failed(_) | State::Closed) {
             return Ok(());
         }
-        self.session.on_data(imm).map_err(|v| self.fail(Failure::Protocol(v)))
+        self.session.on_data(imm).map_err(|v| self.fail(Failure::Protocol(v)))?;
+        // A peer that has written half of a buffer below the cap gets the next size
+        // prepared now, so that it is ready at this buffer's hand-back: each hand-back of
+        // a small buffer holds up the writer for a round trip (docs/protocol.md §4.3).
+        let rx = &self.session.rx;
+        if self.rx_growth == RxGrowth::None && rx.len() < self.rx_cap && rx.written() >= rx.len() / 2 {
+            self.rx_growth = RxGrowth::Wanted(rx.len().saturating_mul(4).min(self.rx_cap));
+        }
+        Ok(())
     }
 
     /// After each poll of the completion queue: `left` when the poll stopped at the
@@ -710,6 +718,13 @@ impl Conn {
         } else {
             0
         }
+    }
+
+    /// Where the next write would land in the peer's RX buffer: the sender's TX buffer
+    /// mirrors it (docs/protocol.md §4.3), and the driver may take less than a write
+    /// offers so that one work request stays inside one registered chunk of it.
+    pub fn tx_offset(&self) -> u32 {
+        self.session.tx.offset()
     }
 
     /// `write`/`writev` (main thread or IO thread): reserves up to `len` bytes of the
@@ -1226,6 +1241,31 @@ mod tests {
         assert_eq!(c.read(400), Ok(0..400));
         assert_eq!(handed_back(&mut c), (0x5000, 400, 8));
         assert_eq!(c.take_rx_growth_wanted(), None, "no retry after a failure");
+    }
+
+    #[test]
+    fn the_next_rx_buffer_is_wanted_once_half_the_current_one_is_written() {
+        let mut c = established_server();
+        c.set_rx_cap(1000);
+        c.on_data(49).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), None, "less than half");
+        c.on_data(1).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), Some(400));
+        // ready before the buffer is full: its hand-back names the new one
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: 400, key: 8 }));
+        c.on_data(50).unwrap();
+        assert_eq!(c.read(100), Ok(0..100));
+        assert_eq!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { addr: 0x5000, length: 400, key: 8 }));
+        assert!(c.take_rx_swap());
+        // at the cap nothing more is wanted
+        c.on_data(200).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), Some(1000));
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x9000, len: 1000, key: 9 }));
+        c.on_data(200).unwrap();
+        assert_eq!(c.read(400), Ok(0..400));
+        assert!(c.take_rx_swap());
+        c.on_data(1000).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), None);
     }
 
     #[test]

@@ -59,6 +59,10 @@ impl RxWindow {
     pub fn consumed(&self) -> u32 {
         self.pos
     }
+    /// Bytes the peer has written since the last registration.
+    pub fn written(&self) -> u32 {
+        self.offset
+    }
 }
 
 /// The peer's RX buffer, as the sender sees it. Empty until the peer's first
@@ -84,6 +88,10 @@ impl TxWindow {
     }
     pub fn available(&self) -> u32 {
         self.len - self.offset
+    }
+    /// Where the next write lands in the peer's buffer (and, mirrored, in ours).
+    pub fn offset(&self) -> u32 {
+        self.offset
     }
     /// Claims up to `want` bytes. Returns the offset in the peer's (and, mirrored, our
     /// TX) buffer and the byte count; `None` when the window is exhausted.

@@ -184,14 +184,18 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     Some(range.len())
 }
 
-/// `write`/`writev`: as much of `parts` as the peer's window takes, in one
+/// `write`/`writev`: as much of `parts` as the peer's window takes, up to the end of
+/// the TX chunk after the one it starts in ([`crate::verbs::TX_CHUNK`]), in one
 /// RDMA_WRITE_WITH_IMM. `Some(0)`: nothing now (a completion reopens the window);
 /// `None`: the connection is over.
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
     let mut g = c.inner.lock();
     let inner = &mut *g;
-    let total: usize = parts.iter().map(|p| p.len()).sum();
+    // One work request spans at most two registered chunks of the TX buffer; the server
+    // writes the rest in its next call, as after a short write on a socket.
+    let limit = inner.ep.as_ref().map_or(0, |ep| ep.tx_write_limit(inner.core.tx_offset()));
+    let total = parts.iter().map(|p| p.len()).sum::<usize>().min(limit as usize);
     let sq_room = inner.sq_room();
     match inner.core.write(total, sq_room) {
         Ok(grant) => {

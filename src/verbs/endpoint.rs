@@ -26,6 +26,11 @@ use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
 
 /// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
 pub const RX_SLOTS: usize = 256;
+/// The TX buffer is registered in chunks of this many bytes, each when a write first
+/// reaches it, and one work request never crosses a chunk (docs/protocol.md §4.3): the
+/// first reply of a connection registers 64 KiB, not the whole of the peer's RX buffer
+/// (1 MiB for libvalkey and ours), which on the event loop stalled every connection.
+pub const TX_CHUNK: u32 = 64 * 1024;
 /// Send queue depth.
 const SQ_DEPTH: u32 = 256;
 /// Send slots for control messages in flight (RegisterXferMemory, Keepalive, features).
@@ -85,6 +90,11 @@ pub struct EndpointConfig {
     pub reject_on_failure: bool,
     /// `None`: pick one at random; `Some(n)`: n modulo the device's vectors.
     pub comp_vector: Option<u32>,
+    /// The TX buffer is registered in chunks of this many bytes, each when a write first
+    /// reaches it; a write spans at most two ([`Endpoint::tx_write_limit`]). The server
+    /// uses [`TX_CHUNK`]; a client, whose TX buffer is made before it sends, `u32::MAX`
+    /// (one chunk: its writes are not cut).
+    pub tx_chunk: u32,
 }
 
 /// What one completion meant, after the endpoint did its own bookkeeping.
@@ -119,6 +129,8 @@ pub struct Endpoint {
     /// The TX buffer, and the replaced ones that writes in flight may still read; it
     /// also numbers the send work requests (docs/protocol.md §4.3).
     tx: TxBuffers<TxRegion>,
+    /// [`EndpointConfig::tx_chunk`], at least one page.
+    tx_chunk: u32,
     /// The TX buffer's size when made on demand ([`set_tx_len`](Endpoint::set_tx_len)):
     /// the peer's RX buffer.
     tx_len_wanted: u32,
@@ -200,6 +212,7 @@ impl Endpoint {
             rx_buf,
             rx_mr: std::ptr::null_mut(),
             tx: TxBuffers::new(),
+            tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
             tx_len_wanted: 0,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
@@ -253,7 +266,7 @@ impl Endpoint {
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.cap.max_send_wr = ep.depths.send;
             attr.cap.max_recv_wr = ep.depths.recv;
-            attr.cap.max_send_sge = 1;
+            attr.cap.max_send_sge = 2; // a write may span two TX chunks
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
                 return Err(VerbsError::last(VerbsOp::CreateQp));
@@ -291,7 +304,7 @@ impl Endpoint {
     /// Memory this endpoint has registered now (control slots, RX, TX and any retired
     /// TX buffer still in flight), in bytes.
     pub fn pinned_bytes(&self) -> u64 {
-        let tx: usize = self.tx.held().map(|r| r.buf.len()).sum();
+        let tx: usize = self.tx.held().map(TxRegion::registered_bytes).sum();
         (self.ctrl_buf.len() + self.rx_buf.len() + tx) as u64
     }
 
@@ -418,10 +431,43 @@ impl Endpoint {
             return Ok(());
         }
         let buf = PinnedBuffer::new(len as usize)?;
-        // SAFETY: the buffer is live and owned by the region from here on.
-        let mr = unsafe { self.register(buf.as_ptr(), buf.len(), remote_access())? };
-        self.tx.replace(Some(TxRegion { mr, buf }));
+        let chunk = (self.tx_chunk as usize).min(buf.len());
+        let chunks = vec![std::ptr::null_mut(); buf.len().div_ceil(chunk)];
+        self.tx.replace(Some(TxRegion { buf, chunk, chunks }));
         Ok(())
+    }
+
+    /// How many bytes a write landing at `offset` of the peer's window (mirrored in the
+    /// TX buffer) may carry at most: up to the end of the chunk after the one it starts
+    /// in (one work request has two scatter entries, one per chunk).
+    pub fn tx_write_limit(&self, offset: u32) -> u32 {
+        let chunk = u64::from(self.tx_chunk);
+        (2 * chunk - u64::from(offset) % chunk).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// The local key for `len` bytes of the TX buffer at `offset`, all in one chunk,
+    /// registering that chunk if no write reached it before.
+    fn tx_chunk_lkey(&mut self, offset: u32, len: u32) -> Result<u32> {
+        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let (i, at) = (offset as usize / region.chunk, offset as usize % region.chunk);
+        let start = i * region.chunk;
+        let chunk_len = region.chunk.min(region.buf.len().saturating_sub(start));
+        if i >= region.chunks.len() || at + len as usize > chunk_len {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
+        }
+        if region.chunks[i].is_null() {
+            // SAFETY: the chunk lies inside the TX buffer, which the region keeps mapped
+            // until it deregisters the chunk (TxRegion's drop).
+            let ptr = unsafe { region.buf.as_ptr().add(start) };
+            // SAFETY: as above.
+            let mr = unsafe { self.register(ptr, chunk_len, local_access())? };
+            if let Some(r) = self.tx.current_mut() {
+                r.chunks[i] = mr;
+            }
+        }
+        let mr = self.tx.current().map_or(std::ptr::null_mut(), |r| r.chunks[i]);
+        // SAFETY: registered above or before (non-null), live while the region is.
+        Ok(unsafe { (*mr).lkey })
     }
 
     /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
@@ -453,7 +499,7 @@ impl Endpoint {
         if !idle || self.tx_len_wanted == 0 {
             return 0;
         }
-        let n = self.tx.current().map_or(0, |r| r.buf.len() as u64);
+        let n = self.tx.current().map_or(0, |r| r.registered_bytes() as u64);
         if self.tx.release_if_quiet() {
             n
         } else {
@@ -540,18 +586,22 @@ impl Endpoint {
 
     /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
     fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
-        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
-        let mut sge = ibv_sge {
-            // SAFETY: callers checked offset + len against the TX buffer.
-            addr: unsafe { region.buf.as_ptr().add(offset as usize) } as u64,
-            length: len,
-            // SAFETY: the MR is live while the region is.
-            lkey: unsafe { (*region.mr).lkey },
-        };
+        // One scatter entry per TX chunk the bytes lie in (at most two: tx_write_limit).
+        let chunk = self.tx.current().map_or(usize::MAX, |r| r.chunk);
+        let first = len.min((chunk - offset as usize % chunk).min(u32::MAX as usize) as u32);
+        let pieces = [(offset, first), (offset + first, len - first)];
+        let n = if pieces[1].1 > 0 { 2 } else { 1 };
+        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
+        for (sge, &(at, k)) in sges.iter_mut().zip(&pieces[..n]) {
+            let lkey = self.tx_chunk_lkey(at, k)?;
+            let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+            // SAFETY: tx_chunk_lkey checked at + k against the TX buffer.
+            *sge = ibv_sge { addr: unsafe { region.buf.as_ptr().add(at as usize) } as u64, length: k, lkey };
+        }
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
         wr.opcode = opcode;
         fill(&mut wr);
         let always_signal = opcode == ibv_wr_opcode::IBV_WR_SEND;
@@ -778,17 +828,35 @@ impl Drop for PreparedRx {
 
 /// A registered TX buffer; dropping it deregisters the memory region, then unmaps the
 /// buffer (field order).
+/// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
+/// one memory region per `chunk` bytes of it, null until a write first reaches that
+/// chunk ([`EndpointConfig::tx_chunk`]).
 struct TxRegion {
-    mr: *mut ibv_mr,
     buf: PinnedBuffer,
+    chunk: usize,
+    chunks: Vec<*mut ibv_mr>,
+}
+
+impl TxRegion {
+    fn registered_bytes(&self) -> usize {
+        let registered = |i: &usize| !self.chunks[*i].is_null();
+        (0..self.chunks.len()).filter(registered).map(|i| self.chunk.min(self.buf.len() - i * self.chunk)).sum()
+    }
 }
 
 impl Drop for TxRegion {
     fn drop(&mut self) {
-        // SAFETY: the MR was registered for `buf` and is live; [`TxBuffers`] drops a
-        // region only when no posted work request can read it.
-        unsafe { (loaded().ibv_dereg_mr)(self.mr) };
+        for &mr in self.chunks.iter().filter(|mr| !mr.is_null()) {
+            // SAFETY: each non-null MR was registered for a chunk of `buf` and is live;
+            // [`TxBuffers`] drops a region only when no posted work request can read it.
+            unsafe { (loaded().ibv_dereg_mr)(mr) };
+        }
     }
+}
+
+/// A TX chunk is only read by our own device (the source of our writes and sends).
+fn local_access() -> i32 {
+    ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32
 }
 
 fn remote_access() -> i32 {

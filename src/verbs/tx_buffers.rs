@@ -43,6 +43,10 @@ impl<B> TxBuffers<B> {
         self.current.as_ref()
     }
 
+    pub(crate) fn current_mut(&mut self) -> Option<&mut B> {
+        self.current.as_mut()
+    }
+
     /// Send work requests posted and not yet known to be completed.
     pub(crate) fn in_flight(&self) -> u64 {
         self.posted - self.completed
