@@ -376,7 +376,12 @@ impl IdlePool {
                 Err(e) => return self.fail(i, &e.to_string()),
             },
         };
-        let cfg = EndpointConfig { rx_size: self.opts.rx_size, comp_vector: None, reject_on_failure: false, tx_chunk: u32::MAX };
+        let cfg = EndpointConfig {
+            rx_size: self.opts.rx_size,
+            comp_vector: None,
+            reject_on_failure: false,
+            tx_chunk: u32::MAX,
+        };
         let ep = match Endpoint::with_shared_cq(id, &cfg, self.opts.depths, &cq) {
             Ok(ep) => ep,
             Err(e) => return self.fail(i, &e.to_string()),

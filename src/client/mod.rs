@@ -162,7 +162,12 @@ impl RdmaStream {
         expect_event(&channel, Expect::RouteResolved, deadline, &addr)?;
         let ep = Endpoint::new(
             id,
-            &EndpointConfig { rx_size: opts.rx_size, comp_vector: Some(0), reject_on_failure: false, tx_chunk: u32::MAX },
+            &EndpointConfig {
+                rx_size: opts.rx_size,
+                comp_vector: Some(0),
+                reject_on_failure: false,
+                tx_chunk: u32::MAX,
+            },
         )?;
         ep.id().connect(CONNECT_PARAMS).map_err(|e| ClientError::Refused(format!("{addr}: {e}")))?;
         Ok((addr, channel, ep, deadline))

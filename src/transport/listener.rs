@@ -258,7 +258,12 @@ fn accept_one(id: CmId) {
     // Every connection starts with a small RX buffer and grows it, up to rdma-rx-size,
     // when the client fills it (docs/protocol.md §4.3): an idle connection pins little.
     let initial_rx = g.settings.rx_size.min(crate::protocol::MIN_RX_SIZE);
-    let cfg = EndpointConfig { rx_size: initial_rx, comp_vector: g.settings.comp_vector, reject_on_failure: true, tx_chunk: crate::verbs::TX_CHUNK };
+    let cfg = EndpointConfig {
+        rx_size: initial_rx,
+        comp_vector: g.settings.comp_vector,
+        reject_on_failure: true,
+        tx_chunk: crate::verbs::TX_CHUNK,
+    };
     let (built, shared_cq) = super::shared_cqs::endpoint(id, &cfg);
     let ep = match built {
         Ok(ep) => ep,

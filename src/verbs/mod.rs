@@ -18,7 +18,9 @@ mod system;
 mod tx_buffers;
 
 pub use dynlib::{lib, Lib};
-pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, RxPreparation, TX_CHUNK};
+pub use endpoint::{
+    pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, RxPreparation, TX_CHUNK,
+};
 pub use map_budget::{map_count_now, maps_for_clients, max_map_count, MAPS_PER_NEW_ENDPOINT};
 pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
 pub use shared_cq::{CqBudget, SharedCq, WorkCompletion, MAX_SHARED_CQES};

@@ -631,11 +631,11 @@ run_case "ours INFO rdma: a failed work request counted (wrong rkey)" case_work_
 
 case_local_verbs_error() {  # the TX buffer made on demand cannot be registered (ulimit -l): counted, hint logged
     # Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it so the limit applies.
-    # 512 KiB: a new connection (64 KiB control slots, 64 KiB RX) is accepted; the TX
-    # buffer of the first reply, the size of valkey-cli's 1 MiB RX buffer, is not.
-    printf '#!/bin/bash\nulimit -l 512\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock512-server"
-    chmod +x "$WORK/memlock512-server"
-    start_server txmem "$WORK/memlock512-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    # 112 KiB: a new connection (12 KiB of control slots, 64 KiB RX) is accepted; the first
+    # 64 KiB chunk of the TX buffer its first reply needs (docs/protocol.md §4.3) is not.
+    printf '#!/bin/bash\nulimit -l 112\nexec setpriv --bounding-set=-ipc_lock %s "$@"\n' "$VALKEY_912/src/valkey-server" > "$WORK/memlock112-server"
+    chmod +x "$WORK/memlock112-server"
+    start_server txmem "$WORK/memlock112-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     local out; out=$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)
     echo "# client: $out"
     grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'

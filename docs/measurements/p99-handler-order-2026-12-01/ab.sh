@@ -1,12 +1,8 @@
 #!/bin/bash
 # own CQ (before) against shared CQ (now), p99 with latency traces
-export E2E_WORK=$PWD
-. /work/main/tests/e2e/lib.sh
-B=/work/main/target/release/valkey-rdma-bench
-S=$VALKEY_912/src/valkey-server
+. "$(dirname "$0")/common.sh"
 OLD=/tmp/main-before-scq.so
 NEW=/work/main/target/release/librdma.so
-mkdir -p $PWD/tr
 port=7700
 for P in 16 1; do
   echo "== own CQ (as 'C module') vs shared CQ (as 'ours'), c8 P$P"

@@ -1,11 +1,7 @@
 #!/bin/bash
-export E2E_WORK=$PWD
-. /work/main/tests/e2e/lib.sh
-B=/work/main/target/release/valkey-rdma-bench
-S=$VALKEY_912/src/valkey-server
+. "$(dirname "$0")/common.sh"
 OLD=${OLD:-/tmp/head.so}
 NEW=${NEW:-/tmp/reversed.so}
-mkdir -p $PWD/tr
 port=7800
 for spec in "8 1 60000" "8 16 200000" "32 16 200000"; do
   set -- $spec

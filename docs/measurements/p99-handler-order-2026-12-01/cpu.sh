@@ -1,11 +1,7 @@
 #!/bin/bash
-# Where the server's CPU goes per request: perf samples (cpu-clock, 999 Hz) of the server
+# Where the server's CPU goes per request: perf samples (cpu-clock, 250 Hz) of the server
 # process during valkey-rdma-bench, by part, C module against ours, alternating rounds.
-export E2E_WORK=$PWD
-. /work/main/tests/e2e/lib.sh
-B=/work/main/target/release/valkey-rdma-bench
-S=$VALKEY_912/src/valkey-server
-C=$VALKEY_912/src/valkey-rdma.so
+. "$(dirname "$0")/common.sh"
 NEW=/work/main/target/release/librdma.so
 PERF=/usr/bin/perf
 P=${PIPELINE:-1} N=${REQUESTS:-60000} ROUNDS=${ROUNDS:-4}
@@ -23,7 +19,7 @@ for round in $(seq 1 $ROUNDS); do
     kill -INT $pp; wait $pp
     echo "== round $round $tag: $line"
     $PERF report -i "$data" --sort dso,sym --stdio -g none --percent-limit 0 2>/dev/null | grep -v '^#' | grep -v '^$' \
-      | awk -f /tmp/prof/parts.awk | sort
+      | awk -f "$(dirname "$0")/parts.awk" | sort
     echo "  top symbols of the module and rdma-core:"
     $PERF report -i "$data" --sort dso,sym --stdio -g none --percent-limit 0.2 2>/dev/null | grep -E "librdma|valkey-rdma.so|librxe|libibverbs" | head -8
     echo "  samples: $($PERF report -i "$data" --stdio 2>/dev/null | grep -m1 'of event' )"

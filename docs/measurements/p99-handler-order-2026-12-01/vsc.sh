@@ -1,11 +1,6 @@
 #!/bin/bash
-export E2E_WORK=$PWD
-. /work/main/tests/e2e/lib.sh
-B=/work/main/target/release/valkey-rdma-bench
-S=$VALKEY_912/src/valkey-server
-C=$VALKEY_912/src/valkey-rdma.so
+. "$(dirname "$0")/common.sh"
 NEW=${NEW:-/tmp/reversed.so}
-mkdir -p $PWD/tr
 port=7900
 for spec in ${SPECS:-"8 1 60000" "8 16 200000" "32 1 60000" "32 16 200000"}; do
   set -- $spec
