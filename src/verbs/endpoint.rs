@@ -27,7 +27,7 @@ use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
 /// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
 pub const RX_SLOTS: usize = 256;
 /// The TX buffer is registered in chunks of this many bytes, each when a write first
-/// reaches it, and one work request never crosses a chunk (docs/protocol.md §4.3): the
+/// reaches it, and one work request spans at most two (docs/protocol.md §4.3): the
 /// first reply of a connection registers 64 KiB, not the whole of the peer's RX buffer
 /// (1 MiB for libvalkey and ours), which on the event loop stalled every connection.
 pub const TX_CHUNK: u32 = 64 * 1024;
@@ -419,7 +419,8 @@ impl Endpoint {
         self.post_send(&mut wr, WRID_CONTROL | slot as u64, true).inspect_err(|_| self.free_tx_slots.push(slot as u16))
     }
 
-    /// Makes sure the TX buffer has `len` bytes (the peer's RX buffer size).
+    /// Makes sure the TX buffer has `len` bytes (the peer's RX buffer size): mapped now,
+    /// registered chunk by chunk as writes reach them ([`EndpointConfig::tx_chunk`]).
     ///
     /// The old buffer may still be read by the NIC: a peer may re-register before our
     /// last writes into its old buffer completed on our side (a retransmission reads
