@@ -722,7 +722,7 @@ impl Conn {
 
     /// Where the next write would land in the peer's RX buffer: the sender's TX buffer
     /// mirrors it (docs/protocol.md §4.3), and the driver may take less than a write
-    /// offers so that one work request stays inside one registered chunk of it.
+    /// offers so that one work request spans at most two registered chunks of it.
     pub fn tx_offset(&self) -> u32 {
         self.session.tx.offset()
     }

@@ -207,9 +207,6 @@ fn poll(cq: usize, then: Then) -> bool {
     left
 }
 
-/// The completions by the connection that owns their QP, in the order each connection
-/// first appears and in arrival order within each; those of QPs with no owner (a closed
-/// connection) are dropped.
 /// The order in which the connections of one poll run their handlers (indices into
 /// `groups`, which are in order of each one's first completion): those that received
 /// something in reverse order of their first receive, then the rest (send completions
@@ -239,6 +236,9 @@ struct Group {
     first_receive: Option<usize>,
 }
 
+/// The completions by the connection that owns their QP, in the order each connection
+/// first appears and in arrival order within each; those of QPs with no owner (a closed
+/// connection) are dropped.
 fn group_by_owner(owners: &HashMap<u32, usize>, wcs: &[WorkCompletion]) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
     let mut at: HashMap<usize, usize> = HashMap::new();

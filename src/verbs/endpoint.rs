@@ -446,9 +446,9 @@ impl Endpoint {
         (2 * chunk - u64::from(offset) % chunk).min(u64::from(u32::MAX)) as u32
     }
 
-    /// The local key for `len` bytes of the TX buffer at `offset`, all in one chunk,
+    /// The scatter entry for `len` bytes of the TX buffer at `offset`, all in one chunk,
     /// registering that chunk if no write reached it before.
-    fn tx_chunk_lkey(&mut self, offset: u32, len: u32) -> Result<u32> {
+    fn tx_sge(&mut self, offset: u32, len: u32) -> Result<ibv_sge> {
         let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let (i, at) = (offset as usize / region.chunk, offset as usize % region.chunk);
         let start = i * region.chunk;
@@ -456,19 +456,19 @@ impl Endpoint {
         if i >= region.chunks.len() || at + len as usize > chunk_len {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
-        if region.chunks[i].is_null() {
+        // SAFETY: offset + len lies inside the TX buffer (checked above).
+        let addr = unsafe { region.buf.as_ptr().add(offset as usize) } as u64;
+        let mut mr = region.chunks[i];
+        if mr.is_null() {
             // SAFETY: the chunk lies inside the TX buffer, which the region keeps mapped
             // until it deregisters the chunk (TxRegion's drop).
-            let ptr = unsafe { region.buf.as_ptr().add(start) };
-            // SAFETY: as above.
-            let mr = unsafe { self.register(ptr, chunk_len, local_access())? };
+            mr = unsafe { self.register(region.buf.as_ptr().add(start), chunk_len, local_access())? };
             if let Some(r) = self.tx.current_mut() {
                 r.chunks[i] = mr;
             }
         }
-        let mr = self.tx.current().map_or(std::ptr::null_mut(), |r| r.chunks[i]);
-        // SAFETY: registered above or before (non-null), live while the region is.
-        Ok(unsafe { (*mr).lkey })
+        // SAFETY: the MR is non-null (registered above or before) and live while the region is.
+        Ok(ibv_sge { addr, length: len, lkey: unsafe { (*mr).lkey } })
     }
 
     /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
@@ -594,10 +594,7 @@ impl Endpoint {
         let n = if pieces[1].1 > 0 { 2 } else { 1 };
         let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
         for (sge, &(at, k)) in sges.iter_mut().zip(&pieces[..n]) {
-            let lkey = self.tx_chunk_lkey(at, k)?;
-            let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
-            // SAFETY: tx_chunk_lkey checked at + k against the TX buffer.
-            *sge = ibv_sge { addr: unsafe { region.buf.as_ptr().add(at as usize) } as u64, length: k, lkey };
+            *sge = self.tx_sge(at, k)?;
         }
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -827,11 +824,10 @@ impl Drop for PreparedRx {
     }
 }
 
-/// A registered TX buffer; dropping it deregisters the memory region, then unmaps the
-/// buffer (field order).
 /// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
 /// one memory region per `chunk` bytes of it, null until a write first reaches that
-/// chunk ([`EndpointConfig::tx_chunk`]).
+/// chunk ([`EndpointConfig::tx_chunk`]). Dropping it deregisters the regions, then
+/// unmaps the buffer.
 struct TxRegion {
     buf: PinnedBuffer,
     chunk: usize,
@@ -840,8 +836,8 @@ struct TxRegion {
 
 impl TxRegion {
     fn registered_bytes(&self) -> usize {
-        let registered = |i: &usize| !self.chunks[*i].is_null();
-        (0..self.chunks.len()).filter(registered).map(|i| self.chunk.min(self.buf.len() - i * self.chunk)).sum()
+        let registered = self.chunks.iter().enumerate().filter(|(_, mr)| !mr.is_null());
+        registered.map(|(i, _)| self.chunk.min(self.buf.len() - i * self.chunk)).sum()
     }
 }
 
