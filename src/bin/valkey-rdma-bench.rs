@@ -2,7 +2,7 @@
 //! side-by-side comparison of our module with the upstream C module.
 //!
 //!   valkey-rdma-bench [-h HOST] [-p PORT] [--tcp] [-c CONNS] [-P PIPELINE] [-t set,get]
-//!                     [-d BYTES] [-n REQUESTS] [--duration SECS] [-r KEYSPACE]
+//!                     [-d BYTES] [-n REQUESTS] [--duration SECS] [-r KEYSPACE] [--warmup PIPELINES]
 //!                     [--server-pid PID] [--json FILE] [--latency-trace PREFIX] [--rx-size BYTES] [-q]
 //!   valkey-rdma-bench --compare --server BIN --c-module SO --our-module SO [--rounds N]
 //!                     [-h HOST] [-p PORT] [workload options] [--json FILE] [--svg FILE]
@@ -10,6 +10,11 @@
 //!                     [--wait MS] [--tries N] [--stop-file F]   (a checked writer/reader on a cluster)
 //!   valkey-rdma-bench --idle N [-h HOST] [-p PORT] [--rx-size BYTES] [--in-flight K]
 //!                     [--hold SECS] [--stop-file F] [--timeout SECS]  (N idle connections, PINGed twice)
+//!
+//! `--warmup N`: each connection sends N pipelines before the clock and the server CPU
+//! count start. A connection's first use (connect + first pipeline) is reported apart
+//! ("first use"), so that the cost the C module pays at connect and ours at first use
+//! are both shown.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,7 +53,7 @@ fn usage() -> ! {
         include_str!("valkey-rdma-bench.rs")
             .lines()
             .skip(3)
-            .take(10)
+            .take(14)
             .map(|l| l.trim_start_matches("//!"))
             .collect::<Vec<_>>()
             .join("\n")
@@ -69,6 +74,7 @@ fn parse_args() -> Args {
             duration: Duration::from_secs(3600),
             keyspace: 10_000,
             rx_size: rdma::client::Options::default().rx_size,
+            warmup: 0,
         },
         server_pid: None,
         json: None,
@@ -103,6 +109,7 @@ fn parse_args() -> Args {
             "-d" => a.w.value_size = num(val(&mut it)) as usize,
             "-n" => a.w.requests = num(val(&mut it)),
             "-r" => a.w.keyspace = num(val(&mut it)),
+            "--warmup" => a.w.warmup = num(val(&mut it)),
             "--duration" => a.w.duration = Duration::from_secs(num(val(&mut it))),
             "--server-pid" => a.server_pid = Some(num(val(&mut it)) as u32),
             "--json" => a.json = Some(val(&mut it)),
@@ -299,12 +306,13 @@ fn compare(a: &Args) {
             .collect()
     };
     type Metric<'a> = (&'a str, &'a dyn Fn(&Stats, f64) -> f64, &'a str);
-    let metrics: [Metric; 5] = [
+    let metrics: [Metric; 6] = [
         ("requests/s", &|s, _| s.rps, "higher is better"),
         ("p50 latency us", &|s, _| s.p50_us, "lower is better"),
         ("p99 latency us", &|s, _| s.p99_us, "lower is better"),
         ("server CPU s per Mreq", &|s, _| s.server_cpu_s_per_mreq.unwrap_or(0.0), "lower is better"),
         ("server KiB per connection", &|_, m| m, "lower is better"),
+        ("first use us (connect+1st)", &|s, _| s.first_use_us, "lower is better"),
     ];
     println!(
         "\nmedians over {} rounds, {} connections, pipeline {}, {:?}, {} B values",

@@ -61,6 +61,9 @@ pub struct Workload {
     pub keyspace: u64,
     /// Each RDMA connection's RX buffer (the server's TX window to it).
     pub rx_size: u32,
+    /// Pipelines each connection sends before the clock starts (not counted, not timed
+    /// in the samples; the first one is in [`Stats::first_use_us`]).
+    pub warmup: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -77,6 +80,9 @@ pub struct Stats {
     /// Every pipeline timed, in the order each connection sent them (for
     /// `--latency-trace`: where in a run the slow ones fall).
     pub samples: Vec<Sample>,
+    /// A new connection's first use: its connect plus its first pipeline, the median
+    /// over the connections (microseconds).
+    pub first_use_us: f64,
 }
 
 /// One pipeline: which connection sent it, when (since the clock started), how long its
@@ -201,95 +207,147 @@ pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
     }
 }
 
+/// One connection's side of the workload: its stream, the commands it cycles through,
+/// and what it has sent and received so far.
+struct Driver {
+    stream: Box<dyn Stream>,
+    value: Vec<u8>,
+    buf: Vec<u8>,
+    inbuf: Vec<u8>,
+    scanner: resp::FrameScanner,
+    /// The next key number (each connection starts at its index and strides).
+    n: u64,
+    sent: u64,
+    received: u64,
+}
+
+impl Driver {
+    /// Sends one pipeline and waits for all its replies. Returns its sample (`start_us`
+    /// measured from `t0`), and whether every reply arrived; a reply that is an error or
+    /// the wrong size counts in `errors`.
+    fn pipeline(&mut self, w: &Workload, t0: Instant, connection: u32, errors: &AtomicU64) -> (Sample, bool) {
+        let mut out = Vec::new();
+        let mut names: Vec<&str> = Vec::with_capacity(w.pipeline);
+        for _ in 0..w.pipeline {
+            let key = format!("key:{:012}", self.n % w.keyspace.max(1));
+            let name = w.commands[(self.n as usize / w.connections.max(1)) % w.commands.len()].as_str();
+            command(name, &key, &self.value, &mut out);
+            names.push(name);
+            self.n = self.n.wrapping_add(7919);
+        }
+        let start = Instant::now();
+        let sample = Sample {
+            connection,
+            start_us: start.saturating_duration_since(t0).as_micros() as u64,
+            sent_before: self.sent,
+            received_before: self.received,
+            ..Sample::default()
+        };
+        self.sent += out.len() as u64;
+        if self.stream.send(&out).is_err() {
+            errors.fetch_add(1, Ordering::Relaxed);
+            return (sample, false);
+        }
+        // Replies are found by the scanner (linear however large), checked by their
+        // first bytes, and dropped together once all have arrived.
+        let (mut replies, mut at) = (0, 0);
+        while replies < w.pipeline {
+            match self.scanner.scan(&self.inbuf[at..]) {
+                Ok(Some(len)) => {
+                    let reply = &self.inbuf[at..at + len];
+                    let wrong_size = expected_header(names[replies]).is_some_and(|h| !reply.starts_with(h.as_bytes()));
+                    if reply.first() == Some(&b'-') || wrong_size {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    at += len;
+                    replies += 1;
+                    continue;
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+            match self.stream.recv(&mut self.buf) {
+                Ok(k) => {
+                    self.received += k as u64;
+                    self.inbuf.extend_from_slice(&self.buf[..k]);
+                }
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+        self.inbuf.drain(..at);
+        (Sample { latency_us: start.elapsed().as_micros() as u32, ..sample }, replies == w.pipeline)
+    }
+}
+
 /// Runs the workload; `progress` is called about once a second with requests so far.
+///
+/// Each connection first sends [`Workload::warmup`] pipelines; the clock, the server's
+/// CPU count and the samples start when every connection is done with them. The
+/// connection's first use (its connect plus its first pipeline, warm-up or not) is
+/// recorded apart, in [`Stats::first_use_us`]: the C module pays for its buffers when a
+/// client connects and ours when the client first uses them, so neither is hidden.
 pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, f64)) -> Result<Stats, String> {
     prepare(w)?;
-    let streams: Vec<Box<dyn Stream>> = (0..w.connections).map(|_| connect(w)).collect::<Result<_, _>>()?;
+    let mut streams: Vec<(Box<dyn Stream>, u64)> = Vec::with_capacity(w.connections);
+    for _ in 0..w.connections {
+        let started = Instant::now();
+        let s = connect(w)?;
+        streams.push((s, started.elapsed().as_micros() as u64));
+    }
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let cpu0 = server_pid.and_then(process_cpu_seconds);
-    let t0 = Instant::now();
+    let warmed_up = Arc::new(std::sync::Barrier::new(w.connections + 1));
     let handles: Vec<_> = streams
         .into_iter()
         .enumerate()
-        .map(|(i, mut s)| {
-            let (w, done, errors, stop) = (w.clone(), done.clone(), errors.clone(), stop.clone());
+        .map(|(i, (stream, connect_us))| {
+            let (w, done, errors, stop, warmed_up) =
+                (w.clone(), done.clone(), errors.clone(), stop.clone(), warmed_up.clone());
             std::thread::spawn(move || {
-                let value = vec![b'x'; w.value_size];
-                let mut samples: Vec<Sample> = Vec::new();
-                let (mut sent, mut received) = (0u64, 0u64);
-                let mut buf = vec![0u8; 256 * 1024];
-                let mut inbuf = Vec::new();
-                let mut n: u64 = i as u64;
-                let mut names: Vec<&str> = Vec::with_capacity(w.pipeline);
-                let mut scanner = resp::FrameScanner::default();
-                while !stop.load(Ordering::Relaxed) {
-                    if done.fetch_add(w.pipeline as u64, Ordering::Relaxed) >= w.requests {
-                        break;
-                    }
-                    let mut out = Vec::new();
-                    names.clear();
-                    for _ in 0..w.pipeline {
-                        let key = format!("key:{:012}", n % w.keyspace.max(1));
-                        let name = w.commands[(n as usize / w.connections.max(1)) % w.commands.len()].as_str();
-                        command(name, &key, &value, &mut out);
-                        names.push(name);
-                        n = n.wrapping_add(7919);
-                    }
-                    let start = Instant::now();
-                    let sample = Sample {
-                        connection: i as u32,
-                        start_us: start.duration_since(t0).as_micros() as u64,
-                        sent_before: sent,
-                        received_before: received,
-                        ..Sample::default()
-                    };
-                    sent += out.len() as u64;
-                    if s.send(&out).is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    // Replies are found by the scanner (linear however large), checked by
-                    // their first bytes, and dropped together once all have arrived.
-                    let (mut replies, mut at) = (0, 0);
-                    while replies < w.pipeline {
-                        match scanner.scan(&inbuf[at..]) {
-                            Ok(Some(len)) => {
-                                let reply = &inbuf[at..at + len];
-                                let wrong_size =
-                                    expected_header(names[replies]).is_some_and(|h| !reply.starts_with(h.as_bytes()));
-                                if reply.first() == Some(&b'-') || wrong_size {
-                                    errors.fetch_add(1, Ordering::Relaxed);
-                                }
-                                at += len;
-                                replies += 1;
-                                continue;
-                            }
-                            Ok(None) => {}
-                            Err(_) => break,
-                        }
-                        match s.recv(&mut buf) {
-                            Ok(k) => {
-                                received += k as u64;
-                                inbuf.extend_from_slice(&buf[..k]);
-                            }
-                            Err(_) => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                        }
-                    }
-                    inbuf.drain(..at);
-                    samples.push(Sample { latency_us: start.elapsed().as_micros() as u32, ..sample });
-                    if replies < w.pipeline {
+                let mut d = Driver {
+                    stream,
+                    value: vec![b'x'; w.value_size],
+                    buf: vec![0u8; 256 * 1024],
+                    inbuf: Vec::new(),
+                    scanner: resp::FrameScanner::default(),
+                    n: i as u64,
+                    sent: 0,
+                    received: 0,
+                };
+                let mut first_use_us = None;
+                let mut ok = true;
+                for _ in 0..w.warmup {
+                    let (sample, complete) = d.pipeline(&w, Instant::now(), i as u32, &errors);
+                    first_use_us.get_or_insert(connect_us + u64::from(sample.latency_us));
+                    ok &= complete;
+                    if !ok {
                         break;
                     }
                 }
-                samples
+                // every thread reaches the barrier, failed or not, or the others would wait
+                warmed_up.wait();
+                let t0 = Instant::now();
+                let mut samples: Vec<Sample> = Vec::new();
+                while ok && !stop.load(Ordering::Relaxed) {
+                    if done.fetch_add(w.pipeline as u64, Ordering::Relaxed) >= w.requests {
+                        break;
+                    }
+                    let (sample, complete) = d.pipeline(&w, t0, i as u32, &errors);
+                    first_use_us.get_or_insert(connect_us + u64::from(sample.latency_us));
+                    samples.push(sample);
+                    ok = complete;
+                }
+                (samples, first_use_us)
             })
         })
         .collect();
+    warmed_up.wait();
+    let cpu0 = server_pid.and_then(process_cpu_seconds);
+    let t0 = Instant::now();
     let mut last = Instant::now();
     while !handles.iter().all(|h| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(50));
@@ -303,7 +361,13 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu1 = server_pid.and_then(process_cpu_seconds);
-    let samples: Vec<Sample> = handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect();
+    let (mut samples, mut first_use): (Vec<Sample>, Vec<u64>) = (Vec::new(), Vec::new());
+    for h in handles {
+        let (s, first) = h.join().unwrap_or_default();
+        samples.extend(s);
+        first_use.extend(first);
+    }
+    first_use.sort_unstable();
     let mut lat: Vec<u32> = samples.iter().map(|s| s.latency_us).collect();
     lat.sort_unstable();
     let requests = lat.len() as u64 * w.pipeline as u64;
@@ -323,13 +387,14 @@ pub fn run(w: &Workload, server_pid: Option<u32>, mut progress: impl FnMut(u64, 
         },
         errors: errors.load(Ordering::Relaxed),
         samples,
+        first_use_us: first_use.get(first_use.len() / 2).map_or(0.0, |&us| us as f64),
     })
 }
 
 impl Stats {
     pub fn to_json(&self, label: &str) -> String {
         format!(
-            "{{\"label\":\"{label}\",\"requests\":{},\"seconds\":{:.3},\"rps\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"server_cpu_s_per_mreq\":{},\"errors\":{}}}",
+            "{{\"label\":\"{label}\",\"requests\":{},\"seconds\":{:.3},\"rps\":{:.1},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"server_cpu_s_per_mreq\":{},\"errors\":{},\"first_use_us\":{}}}",
             self.requests,
             self.seconds,
             self.rps,
@@ -337,7 +402,8 @@ impl Stats {
             self.p99_us,
             self.p999_us,
             self.server_cpu_s_per_mreq.map_or("null".into(), |v| format!("{v:.3}")),
-            self.errors
+            self.errors,
+            self.first_use_us
         )
     }
 }
@@ -386,10 +452,12 @@ mod tests {
             server_cpu_s_per_mreq: Some(0.5),
             errors: 0,
             samples: Vec::new(),
+            first_use_us: 1500.0,
         };
         let j = s.to_json("ours");
         assert!(
             j.contains("\"rps\":5.0")
+                && j.contains("\"first_use_us\":1500")
                 && j.contains("\"server_cpu_s_per_mreq\":0.500")
                 && j.contains("\"label\":\"ours\"")
         );

@@ -342,7 +342,7 @@ impl RdmaStream {
 
     /// Writes as much as the window takes now (one RDMA_WRITE_WITH_IMM).
     pub fn try_write(&mut self, data: &[u8]) -> Result<usize> {
-        // one work request spans at most two chunks of the TX buffer (a client has one)
+        // a client's TX buffer is one chunk: the limit is the send queue's room
         let len = data.len().min(self.ep.tx_write_limit(self.core.tx_offset()) as usize);
         match self.core.write(len, self.ep.can_write()) {
             Ok(g) => {

@@ -184,16 +184,16 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     Some(range.len())
 }
 
-/// `write`/`writev`: as much of `parts` as the peer's window takes, up to the end of
-/// the TX chunk after the one it starts in ([`crate::verbs::TX_CHUNK`]), in one
-/// RDMA_WRITE_WITH_IMM. `Some(0)`: nothing now (a completion reopens the window);
-/// `None`: the connection is over.
+/// `write`/`writev`: as much of `parts` as the peer's window takes, as one write for
+/// the peer (a chain of work requests over the TX chunks, docs/protocol.md §4.3).
+/// `Some(0)`: nothing now (a completion reopens the window); `None`: the connection is
+/// over.
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
     let mut g = c.inner.lock();
     let inner = &mut *g;
-    // One work request spans at most two registered chunks of the TX buffer; the server
-    // writes the rest in its next call, as after a short write on a socket.
+    // As many TX chunks as the free send-queue entries take (two per work request); the
+    // server writes the rest in its next call, as after a short write on a socket.
     let limit = inner.ep.as_ref().map_or(0, |ep| ep.tx_write_limit(inner.core.tx_offset()));
     let total = parts.iter().map(|p| p.len()).sum::<usize>().min(limit as usize);
     let sq_room = inner.sq_room();

@@ -13,6 +13,7 @@ use rdma_sys::*;
 use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
 use super::shared_cq::{poll_channel_cq, CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
+use super::tx_plan;
 use super::{Result, VerbsError, VerbsOp};
 use crate::protocol::conn::RxBuffer;
 use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
@@ -91,7 +92,7 @@ pub struct EndpointConfig {
     /// `None`: pick one at random; `Some(n)`: n modulo the device's vectors.
     pub comp_vector: Option<u32>,
     /// The TX buffer is registered in chunks of this many bytes, each when a write first
-    /// reaches it; a write spans at most two ([`Endpoint::tx_write_limit`]). The server
+    /// reaches it; a work request spans at most two ([`tx_plan`]). The server
     /// uses [`TX_CHUNK`]; a client, whose TX buffer is made before it sends, `u32::MAX`
     /// (one chunk: its writes are not cut).
     pub tx_chunk: u32,
@@ -266,7 +267,7 @@ impl Endpoint {
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.cap.max_send_wr = ep.depths.send;
             attr.cap.max_recv_wr = ep.depths.recv;
-            attr.cap.max_send_sge = 2; // a write may span two TX chunks
+            attr.cap.max_send_sge = tx_plan::SGES_PER_WR as u32; // one per TX chunk a request touches
             attr.cap.max_recv_sge = 1;
             if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
                 return Err(VerbsError::last(VerbsOp::CreateQp));
@@ -375,23 +376,42 @@ impl Endpoint {
     }
 
     fn post_send(&mut self, wr: &mut ibv_send_wr, slot_tag: u64, always_signal: bool) -> Result<()> {
-        let seq = self.tx.next_seq();
-        self.unsignaled_run += 1;
-        let signal = always_signal
-            || self.unsignaled_run >= SIGNAL_EVERY
-            || self.sq_room() <= self.depths.reserved_for_control();
-        if signal {
-            wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-            self.unsignaled_run = 0;
+        self.post_send_chain(std::slice::from_mut(wr), slot_tag, always_signal)
+    }
+
+    /// Posts `wrs` as one chain (one doorbell), numbering each and signalling each as if
+    /// posted alone: at least every [`SIGNAL_EVERY`]th, and whenever the send queue is
+    /// down to the entries kept for control messages.
+    fn post_send_chain(&mut self, wrs: &mut [ibv_send_wr], slot_tag: u64, always_signal: bool) -> Result<()> {
+        let (first_seq, room) = (self.tx.next_seq(), self.sq_room());
+        let n = wrs.len();
+        for i in 0..n {
+            self.unsignaled_run += 1;
+            let signal = always_signal
+                || self.unsignaled_run >= SIGNAL_EVERY
+                || room.saturating_sub(i as u64) <= self.depths.reserved_for_control();
+            let (head, tail) = wrs.split_at_mut(i + 1);
+            let wr = &mut head[i];
+            if signal {
+                wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+                self.unsignaled_run = 0;
+            }
+            wr.wr_id = ((first_seq + i as u64) << WRID_SEQ_SHIFT) | slot_tag;
+            wr.next = tail.first_mut().map_or(std::ptr::null_mut(), |w| w as *mut ibv_send_wr);
         }
-        wr.wr_id = (seq << WRID_SEQ_SHIFT) | slot_tag;
         let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; the WR's scatter list points into registered memory
-        // that outlives the work request (freed only with the endpoint).
-        if unsafe { ibv_post_send(self.qp(), wr, &mut bad) } != 0 {
+        // SAFETY: the QP is live; the chain is linked above and lives in `wrs`; each
+        // scatter list points into registered memory that outlives the work request
+        // (freed only when the send queue has completed it, or with the endpoint).
+        let failed = unsafe { ibv_post_send(self.qp(), wrs.as_mut_ptr(), &mut bad) } != 0;
+        // Requests before the one the device refused are posted and will complete.
+        let posted = if failed { wrs.iter().position(|w| std::ptr::eq(w, bad)).unwrap_or(0) } else { n };
+        for _ in 0..posted {
+            self.tx.on_posted();
+        }
+        if failed {
             return Err(VerbsError::last(VerbsOp::PostSend));
         }
-        self.tx.on_posted();
         Ok(())
     }
 
@@ -439,11 +459,17 @@ impl Endpoint {
     }
 
     /// How many bytes a write landing at `offset` of the peer's window (mirrored in the
-    /// TX buffer) may carry at most: up to the end of the chunk after the one it starts
-    /// in (one work request has two scatter entries, one per chunk).
+    /// TX buffer) may carry at most: as many chunks as the send queue's free entries
+    /// can take, two per work request, up to [`tx_plan::MAX_WRS_PER_WRITE`] requests
+    /// (docs/protocol.md §4.3).
     pub fn tx_write_limit(&self, offset: u32) -> u32 {
-        let chunk = u64::from(self.tx_chunk);
-        (2 * chunk - u64::from(offset) % chunk).min(u64::from(u32::MAX)) as u32
+        let wrs = self.data_wr_room().min(tx_plan::MAX_WRS_PER_WRITE as u64) as usize;
+        tx_plan::write_limit(offset, self.tx_chunk, wrs)
+    }
+
+    /// Send-queue entries a data write may use now.
+    fn data_wr_room(&self) -> u64 {
+        self.sq_room().saturating_sub(self.depths.reserved_for_control())
     }
 
     /// The scatter entry for `len` bytes of the TX buffer at `offset`, all in one chunk,
@@ -537,11 +563,13 @@ impl Endpoint {
 
     /// Whether the send queue can take a data write now.
     pub fn can_write(&self) -> bool {
-        self.sq_room() > self.depths.reserved_for_control()
+        self.data_wr_room() > 0
     }
 
     /// Copies the first `len` bytes of `parts` (in order) into the TX buffer at
-    /// `offset` and posts one RDMA_WRITE_WITH_IMM of `len` bytes to `remote_addr + offset`.
+    /// `offset` and writes them to `remote_addr + offset` as one write for the peer:
+    /// one RDMA_WRITE_WITH_IMM of `len` bytes, after plain RDMA_WRITEs for the chunks
+    /// beyond the first two ([`tx_plan`]).
     pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
         self.post_write_imm(offset, parts, len, remote_addr, rkey, len)
     }
@@ -579,31 +607,42 @@ impl Endpoint {
                 break;
             }
         }
-        self.post_from_tx(offset, total as u32, ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, |wr| {
-            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-            wr.wr.rdma = rdma_t { remote_addr: remote_addr + offset as u64, rkey };
-        })
+        self.post_write_chain(offset, total as u32, remote_addr, rkey, imm)
     }
 
-    /// Posts one work request whose data is `len` bytes of the TX buffer at `offset`.
-    fn post_from_tx(&mut self, offset: u32, len: u32, opcode: u32, fill: impl FnOnce(&mut ibv_send_wr)) -> Result<()> {
-        // One scatter entry per TX chunk the bytes lie in (at most two: tx_write_limit).
-        let chunk = self.tx.current().map_or(usize::MAX, |r| r.chunk);
-        let first = len.min((chunk - offset as usize % chunk).min(u32::MAX as usize) as u32);
-        let pieces = [(offset, first), (offset + first, len - first)];
-        let n = if pieces[1].1 > 0 { 2 } else { 1 };
-        let mut sges = [ibv_sge { addr: 0, length: 0, lkey: 0 }; 2];
-        for (sge, &(at, k)) in sges.iter_mut().zip(&pieces[..n]) {
-            *sge = self.tx_sge(at, k)?;
+    /// Posts the work requests of one write ([`tx_plan::plan`]) as one chain: plain
+    /// RDMA_WRITEs, the last an RDMA_WRITE_WITH_IMM carrying `imm`. The peer is told
+    /// only by the last one's immediate; on a reliable connection its completion means
+    /// that the bytes of the earlier ones are placed (docs/protocol.md §4.3).
+    fn post_write_chain(&mut self, offset: u32, len: u32, remote_addr: u64, rkey: u32, imm: u32) -> Result<()> {
+        let chunk = self.tx.current().map_or(u32::MAX, |r| r.chunk.min(u32::MAX as usize) as u32);
+        let plan = tx_plan::plan(offset, len, chunk).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
+        let n = plan.len();
+        if n as u64 > self.data_wr_room().max(1) {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS));
         }
+        const MAX: usize = tx_plan::MAX_WRS_PER_WRITE;
+        let mut sges = [[ibv_sge { addr: 0, length: 0, lkey: 0 }; tx_plan::SGES_PER_WR]; MAX];
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = sges.as_mut_ptr();
-        wr.num_sge = n as i32;
-        wr.opcode = opcode;
-        fill(&mut wr);
-        let always_signal = opcode == ibv_wr_opcode::IBV_WR_SEND;
-        self.post_send(&mut wr, 0, always_signal)
+        let mut wrs: [ibv_send_wr; MAX] = unsafe { std::mem::zeroed() };
+        for (i, planned) in plan.enumerate() {
+            for (sge, p) in sges[i].iter_mut().zip(&planned.pieces[..planned.sges]) {
+                *sge = self.tx_sge(p.offset, p.len)?;
+            }
+            let wr = &mut wrs[i];
+            wr.num_sge = planned.sges as i32;
+            wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(planned.offset()), rkey };
+            wr.opcode = if i + 1 == n {
+                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+            } else {
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE
+            };
+        }
+        for (wr, sge) in wrs.iter_mut().zip(sges.iter_mut()).take(n) {
+            wr.sg_list = sge.as_mut_ptr();
+        }
+        self.post_send_chain(&mut wrs[..n], 0, false)
     }
 
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
@@ -615,7 +654,14 @@ impl Endpoint {
         }
         // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
         unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
-        self.post_from_tx(0, bytes.len() as u32, ibv_wr_opcode::IBV_WR_SEND, |_| {})
+        // A client's TX buffer is one chunk: one scatter entry.
+        let mut sge = self.tx_sge(0, bytes.len() as u32)?;
+        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        self.post_send(&mut wr, 0, true)
     }
 
     /// Consumes a pending notification of the completion channel (if any), re-arms

@@ -16,6 +16,7 @@ mod resources;
 mod shared_cq;
 mod system;
 mod tx_buffers;
+mod tx_plan;
 
 pub use dynlib::{lib, Lib};
 pub use endpoint::{

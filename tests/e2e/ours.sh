@@ -476,9 +476,14 @@ run_case "ours hostile: flood of empty writes (others served)" case_hostile_floo
 case_bench_smoke() {  # valkey-rdma-bench: a run with JSON output, and a small side-by-side comparison
     local b=$PROJECT_ROOT/target/release/valkey-rdma-bench
     start_server benchsmoke "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    timeout 120 "$b" -h "$RDMA_ADDR" -p "$PORT" -c 4 -P 4 -n 4000 -t set,get,incr -q --server-pid "$SERVER_PID" --json "$WORK/run.json" || return 1
+    # 2 warm-up pipelines of 4 commands per connection: sent, but not in the 4,000 timed
+    timeout 120 "$b" -h "$RDMA_ADDR" -p "$PORT" -c 4 -P 4 -n 4000 -t set,get,incr --warmup 2 -q --server-pid "$SERVER_PID" --json "$WORK/run.json" || return 1
     cat "$WORK/run.json"
     grep -Eq '"rps":[1-9]' "$WORK/run.json" && grep -q '"errors":0' "$WORK/run.json" || { fail "no request rate in the JSON"; return 1; }
+    grep -q '"requests":4000,' "$WORK/run.json" || { fail "the timed requests are not the 4,000 asked for"; return 1; }
+    grep -Eq '"first_use_us":[1-9]' "$WORK/run.json" || { fail "no first-use latency in the JSON"; return 1; }
+    local cmds; cmds=$("$CLI912" -p "$PORT" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_\(set\|get\|incr\):calls=\([0-9]*\).*/\2/p' | paste -sd+ | bc)
+    expect_eq "SET+GET+INCR calls, timed and warm-up" "$cmds" 4032 || return 1
     stop_all_servers
     timeout 300 "$b" --compare --server "$VALKEY_912/src/valkey-server" --c-module "$VALKEY_912/src/valkey-rdma.so" \
         --our-module "$OUR_MODULE" -h "$RDMA_ADDR" -p $((NEXT_PORT + 100)) --rounds 1 -c 2 -n 2000 -q \
