@@ -404,8 +404,10 @@ impl Endpoint {
         // scatter list points into registered memory that outlives the work request
         // (freed only when the send queue has completed it, or with the endpoint).
         let failed = unsafe { ibv_post_send(self.qp(), wrs.as_mut_ptr(), &mut bad) } != 0;
-        // Requests before the one the device refused are posted and will complete.
-        let posted = if failed { wrs.iter().position(|w| std::ptr::eq(w, bad)).unwrap_or(0) } else { n };
+        // Requests before the one the device refused are posted and will complete. If the
+        // device named none of ours, count them all: a TX buffer is then kept longer than
+        // needed (until teardown), never freed while the device may still read it.
+        let posted = if failed { wrs.iter().position(|w| std::ptr::eq(w, bad)).unwrap_or(n) } else { n };
         for _ in 0..posted {
             self.tx.on_posted();
         }
