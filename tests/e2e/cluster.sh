@@ -11,7 +11,7 @@
 #   - our client: valkey-rdma-cli -c (one command, a pipeline over every node);
 # and for our module, with our checked cluster client (valkey-rdma-bench --cluster)
 # writing and reading throughout:
-#   - 1,000 slots resharded between two primaries;
+#   - 400 slots resharded between two primaries;
 #   - a primary SIGKILLed, its replica promoted, the clients re-routed;
 # with the errors the client saw, acknowledged writes lost (and of those, writes a
 # replica had confirmed with WAIT, which must be none), and wrong reads counted.
@@ -175,22 +175,26 @@ stop_checked_run() { touch "$WORK/check.stop"; wait "$CHECK_PID"; sed 's/^/# /' 
 # check_field NAME: a number from the report line ("lost 0", "stale 0", …).
 check_field() { sed -n "s/^cluster:.*[ (]$1 \([0-9]*\).*/\1/p" "$WORK/check.out"; }
 
-case_resharding_under_load() {  # 1,000 slots move between primaries while our client writes and reads
+case_resharding_under_load() {  # 400 slots move between primaries while our client writes and reads
     checked_run
     sleep 5
     local from to p1 p2
     p1=$(primaries | sed -n 1p) p2=$(primaries | sed -n 2p)
     from=$(node_id "$p1") to=$(node_id "$p2")
     local t0=$SECONDS
-    timeout 300 "$CLI912" --cluster reshard "$RDMA_ADDR:$p1" --cluster-from "$from" --cluster-to "$to" \
-        --cluster-slots 1000 --cluster-yes > "$WORK/reshard.log" 2>&1 || { tail -n 5 "$WORK/reshard.log"; fail "reshard"; return 1; }
-    note "1,000 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
+    # 400 slots: 40 s on the usual build machine, 150 s on a host that runs the guest
+    # 4-5 times slower (1,000 took 104 s and over 300 s). On failure the checked client is
+    # stopped too, so that it cannot write into the next case.
+    timeout 600 "$CLI912" --cluster reshard "$RDMA_ADDR:$p1" --cluster-from "$from" --cluster-to "$to" \
+        --cluster-slots 400 --cluster-yes > "$WORK/reshard.log" 2>&1 \
+        || { tail -n 5 "$WORK/reshard.log"; stop_checked_run; fail "reshard"; return 1; }
+    note "400 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
     sleep 2
     stop_checked_run
     wait_cluster_ok || return 1
     local slots; slots=$("$CLI912" -p "$p2" CLUSTER NODES | awk '/myself/ { n = 0; for (i = 9; i <= NF; i++) { split($i, r, "-"); n += (r[2] == "" ? 1 : r[2] - r[1] + 1) } print n }')
     note "primary :$p2 now serves $slots slots"
-    [ "$slots" -ge 6461 ] || { fail "the slots did not move"; return 1; }
+    [ "$slots" -ge 5861 ] || { fail "the slots did not move"; return 1; }
     expect_eq "acknowledged writes lost by resharding" "$(check_field lost)" 0 || return 1
     expect_eq "stale reads" "$(check_field stale)" 0 || return 1
     local moved; moved=$(sed -n 's/^cluster client: moved \([0-9]*\) ask \([0-9]*\).*/\1+\2/p' "$WORK/check.out")
@@ -276,7 +280,7 @@ for impl in ours c; do
     run_case "cluster ($impl): a half-migrated slot: ASK followed by valkey-cli -c and valkey-rdma-cli -c" case_ask_followed
     if [ "$impl" = ours ]; then
         run_case "cluster (ours): one node against three primaries" case_one_node_against_three
-        run_case "cluster (ours): 1,000 slots resharded under RDMA load" case_resharding_under_load
+        run_case "cluster (ours): 400 slots resharded under RDMA load" case_resharding_under_load
         run_case "cluster (ours): 40 slots half migrated under RDMA load (ASK)" case_ask_under_load
         run_case "cluster (ours): failover of a primary under RDMA load" case_failover_under_load
     fi
