@@ -207,8 +207,8 @@ pub fn connect(w: &Workload) -> Result<Box<dyn Stream>, String> {
     }
 }
 
-/// One connection's side of the workload: its stream, the commands it cycles through,
-/// and what it has sent and received so far.
+/// One connection's side of the workload: its stream, its buffers, the next key it
+/// uses, and what it has sent and received so far.
 struct Driver {
     stream: Box<dyn Stream>,
     value: Vec<u8>,
