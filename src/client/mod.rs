@@ -79,7 +79,9 @@ impl From<Failure> for ClientError {
         match f {
             Failure::Protocol(v) => ClientError::Protocol(v),
             // a work request failing with the server there: it dropped the connection
-            Failure::WorkRequest { .. } | Failure::PeerSilent { .. } => ClientError::PeerGone,
+            Failure::WorkRequest { .. } | Failure::PeerSilent { .. } | Failure::HandshakeTimeout { .. } => {
+                ClientError::PeerGone
+            }
             Failure::Local { call, errno } => ClientError::Local { call, errno },
         }
     }

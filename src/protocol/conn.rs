@@ -56,6 +56,10 @@ pub enum Failure {
     /// The peer acknowledged nothing we sent for `ticks` keepalive periods: it is gone
     /// without a disconnect (docs/protocol.md §5). `ETIMEDOUT`.
     PeerSilent { ticks: u32 },
+    /// The server accepted a connect request and the client never completed the
+    /// handshake (no ESTABLISHED) within `ticks` keepalive periods (docs/protocol.md §5).
+    /// `ETIMEDOUT`.
+    HandshakeTimeout { ticks: u32 },
 }
 
 impl Failure {
@@ -65,7 +69,7 @@ impl Failure {
             Failure::Protocol(_) => libc::EPROTO,
             Failure::WorkRequest { .. } => libc::EIO,
             Failure::Local { errno, .. } => *errno,
-            Failure::PeerSilent { .. } => libc::ETIMEDOUT,
+            Failure::PeerSilent { .. } | Failure::HandshakeTimeout { .. } => libc::ETIMEDOUT,
         }
     }
 }
@@ -81,6 +85,11 @@ impl fmt::Display for Failure {
             Failure::PeerSilent { ticks } => write!(
                 f,
                 "the peer acknowledged nothing for {ticks} keepalive periods ({} s): it is gone",
+                u64::from(*ticks) * super::KEEPALIVE_MS / 1000
+            ),
+            Failure::HandshakeTimeout { ticks } => write!(
+                f,
+                "the client did not complete the connection handshake within {ticks} keepalive periods ({} s)",
                 u64::from(*ticks) * super::KEEPALIVE_MS / 1000
             ),
         }
@@ -337,6 +346,9 @@ pub struct Conn {
     /// A hand-back just named the prepared buffer: the driver installs it
     /// ([`take_rx_swap`](Conn::take_rx_swap)).
     rx_swap_due: bool,
+    /// Keepalive ticks seen while still `Accepting` (the handshake deadline,
+    /// docs/protocol.md §5).
+    accepting_ticks: u32,
     /// Handlers on the stack (connhelpers.h `refs`).
     depth: u32,
     freed: bool,
@@ -374,6 +386,7 @@ impl Conn {
             rx_cap: rx.len,
             rx_growth: RxGrowth::None,
             rx_swap_due: false,
+            accepting_ticks: 0,
             depth: 0,
             freed: false,
             run: None,
@@ -783,9 +796,19 @@ impl Conn {
     /// At [`DEAD_PEER_TICKS`](super::DEAD_PEER_TICKS) the peer is gone: the connection
     /// fails (docs/protocol.md §5). Only an unanswered work request counts, so an idle
     /// peer, or one whose process stopped, is never closed by it: its NIC answers.
+    ///
+    /// A server connection still `Accepting` at its [`HANDSHAKE_TICKS`](super::HANDSHAKE_TICKS)th
+    /// tick fails too: the client never completed the handshake, and the CM would hold
+    /// the connection for minutes before giving up by itself (docs/protocol.md §5).
     pub fn keepalive_tick(&mut self, unacknowledged_ticks: u32) -> Result<(), Failure> {
         if self.is_live() && unacknowledged_ticks >= super::DEAD_PEER_TICKS {
             return Err(self.fail(Failure::PeerSilent { ticks: unacknowledged_ticks }));
+        }
+        if self.session.role() == Role::Server && self.state == State::Accepting {
+            self.accepting_ticks += 1;
+            if self.accepting_ticks >= super::HANDSHAKE_TICKS {
+                return Err(self.fail(Failure::HandshakeTimeout { ticks: self.accepting_ticks }));
+            }
         }
         if self.session.role() == Role::Server && self.accepted && self.state == State::Established {
             self.control.push_back(ControlMessage::Keepalive);
@@ -1296,5 +1319,38 @@ mod tests {
         assert_eq!(c.failure(), Some(&f));
         assert_eq!(c.keepalive_tick(3), Ok(()), "failed once; a failed connection sends nothing more");
         assert_eq!(c.poll_control(), None);
+    }
+
+    #[test]
+    fn a_handshake_left_half_done_fails_at_the_deadline_and_only_then() {
+        let deadline = super::super::HANDSHAKE_TICKS;
+        // Server, accepted, ESTABLISHED never seen: fails at exactly the deadline, once.
+        let mut c = Conn::new(Role::Server, rx());
+        c.on_accepted().unwrap();
+        for _ in 1..deadline {
+            assert_eq!(c.keepalive_tick(0), Ok(()));
+            assert_eq!(c.state(), &State::Accepting);
+        }
+        let f = c.keepalive_tick(0).unwrap_err();
+        assert_eq!(f, Failure::HandshakeTimeout { ticks: deadline });
+        assert_eq!((f.errno(), c.server_state()), (libc::ETIMEDOUT, ServerState::Error));
+        assert_eq!(c.keepalive_tick(0), Ok(()), "failed once");
+        // ESTABLISHED one tick before the deadline: never fails, however long it lives.
+        let mut c = Conn::new(Role::Server, rx());
+        c.on_accepted().unwrap();
+        for _ in 1..deadline {
+            c.keepalive_tick(0).unwrap();
+        }
+        c.on_established();
+        for _ in 0..10 * deadline {
+            assert_eq!(c.keepalive_tick(0), Ok(()));
+        }
+        assert_eq!(c.state(), &State::Established);
+        // A client connection is not the server's to time out (its connect has its own).
+        let mut c = Conn::new(Role::Client, rx());
+        for _ in 0..10 * deadline {
+            assert_eq!(c.keepalive_tick(0), Ok(()));
+        }
+        assert_eq!(c.state(), &State::Accepting);
     }
 }

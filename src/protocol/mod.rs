@@ -26,6 +26,11 @@ pub const KEEPALIVE_MS: u64 = 3000;
 /// (docs/protocol.md §5): 6 to 9 s after it fell silent. A live peer's NIC acknowledges
 /// every period's Keepalive within microseconds, whatever its process is doing.
 pub const DEAD_PEER_TICKS: u32 = 2;
+/// A server connection whose handshake the client has not completed (no ESTABLISHED) by
+/// this keepalive tick after the connect request is given up (docs/protocol.md §5): 9 to
+/// 12 s. The last step of a live client's handshake follows its first within
+/// milliseconds; without a deadline the CM holds a half-done one for minutes.
+pub const HANDSHAKE_TICKS: u32 = 4;
 /// Default, smallest and largest RX buffer a server offers (`rdma-rx-size`).
 pub const DEFAULT_RX_SIZE: u32 = 1024 * 1024;
 pub const MIN_RX_SIZE: u32 = 64 * 1024;

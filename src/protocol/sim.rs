@@ -807,7 +807,7 @@ impl Sim {
             match f {
                 Failure::Protocol(_) => stat(|x| &x.violations),
                 Failure::WorkRequest { .. } => stat(|x| &x.work_request_failures),
-                Failure::Local { .. } | Failure::PeerSilent { .. } => {}
+                Failure::Local { .. } | Failure::PeerSilent { .. } | Failure::HandshakeTimeout { .. } => {}
             }
             self.log(|| format!("{} failed: {f}", NAME[s]));
         }

@@ -126,6 +126,7 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
             Failure::WorkRequest { .. } => stats::add(&STATS.work_request_errors, 1),
             Failure::Local { .. } => stats::add(&STATS.local_errors, 1),
             Failure::PeerSilent { .. } => stats::add(&STATS.peers_silent, 1),
+            Failure::HandshakeTimeout { .. } => stats::add(&STATS.handshake_timeouts, 1),
         }
         // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
         // buffer made after the connection was accepted): say what to do.

@@ -45,6 +45,7 @@ pub(crate) struct Stats {
     pub(crate) work_request_errors: AtomicU64,
     pub(crate) local_errors: AtomicU64,
     pub(crate) peers_silent: AtomicU64,
+    pub(crate) handshake_timeouts: AtomicU64,
     cm_ends: [AtomicU64; 2],
 }
 
@@ -71,6 +72,7 @@ pub(crate) static STATS: Stats = Stats {
     work_request_errors: ZERO,
     local_errors: ZERO,
     peers_silent: ZERO,
+    handshake_timeouts: ZERO,
     cm_ends: [ZERO; 2],
 };
 
@@ -157,6 +159,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
                 ("work_request", get(&s.work_request_errors)),
                 ("local_verbs", get(&s.local_errors)),
                 ("peer_silent", get(&s.peers_silent)),
+                ("handshake_timeout", get(&s.handshake_timeouts)),
             ],
         ),
         Field::Dict(
