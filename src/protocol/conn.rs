@@ -577,7 +577,7 @@ impl Conn {
         // a small buffer holds up the writer for a round trip (docs/protocol.md §4.3).
         let rx = &self.session.rx;
         if self.rx_growth == RxGrowth::None && rx.len() < self.rx_cap && rx.written() >= rx.len() / 2 {
-            self.rx_growth = RxGrowth::Wanted(rx.len().saturating_mul(4).min(self.rx_cap));
+            self.rx_growth = RxGrowth::Wanted(rx.len().saturating_mul(super::RX_GROWTH_FACTOR).min(self.rx_cap));
         }
         Ok(())
     }
@@ -642,8 +642,8 @@ impl Conn {
     /// grows it, without making the peer wait and without blocking the event loop for
     /// the registration (a 1 MiB one took the p99 latency of every connection with it):
     /// the first full buffer is handed back as it is, and the driver is asked
-    /// ([`take_rx_growth_wanted`](Self::take_rx_growth_wanted)) to prepare one four times
-    /// larger off the event loop. Once it is ready
+    /// ([`take_rx_growth_wanted`](Self::take_rx_growth_wanted)) to prepare one
+    /// [`RX_GROWTH_FACTOR`](super::RX_GROWTH_FACTOR) times larger off the event loop. Once it is ready
     /// ([`rx_growth_ready`](Self::rx_growth_ready)), the next hand-back names it instead
     /// of the old one, and the driver swaps it in ([`take_rx_swap`](Self::take_rx_swap)).
     pub fn consume(&mut self, n: usize) {
@@ -665,7 +665,7 @@ impl Conn {
                     self.control.push_back(msg);
                     let len = self.session.rx.len();
                     if len < self.rx_cap && self.rx_growth == RxGrowth::None {
-                        self.rx_growth = RxGrowth::Wanted(len.saturating_mul(4).min(self.rx_cap));
+                        self.rx_growth = RxGrowth::Wanted(len.saturating_mul(super::RX_GROWTH_FACTOR).min(self.rx_cap));
                     }
                 }
             }
@@ -1221,21 +1221,26 @@ mod tests {
         assert_eq!(c.poll_control(), None);
     }
 
+    /// The adaptive window's steps from the 100-byte test buffer: one growth step, then
+    /// the cap, which is less than a second full step.
+    const STEP1: u32 = 100 * super::super::RX_GROWTH_FACTOR;
+    const CAP: u32 = 2 * STEP1 + 100;
+
     #[test]
     fn the_rx_buffer_grows_at_the_hand_back_after_the_prepared_one_is_ready() {
         let mut c = established_server();
-        c.set_rx_cap(1000);
+        c.set_rx_cap(CAP);
         let handed_back = |c: &mut Conn| match c.poll_control() {
             Some(ControlMessage::RegisterXferMemory { addr, length, key }) => (addr, length, key),
             other => panic!("want a hand-back, got {other:?}"),
         };
         // The first full buffer goes back as it is (nobody waits for a registration);
-        // a buffer 4 times larger is wanted, once.
+        // a buffer RX_GROWTH_FACTOR times larger is wanted, once.
         c.on_data(100).unwrap();
         assert_eq!(c.read(100), Ok(0..100));
         assert_eq!(handed_back(&mut c), (0x1000, 100, 7));
         assert!(!c.take_rx_swap());
-        assert_eq!(c.take_rx_growth_wanted(), Some(400));
+        assert_eq!(c.take_rx_growth_wanted(), Some(STEP1));
         assert_eq!(c.take_rx_growth_wanted(), None, "asked once while it is prepared");
         // Still preparing at the next hand-back: the old buffer again.
         c.on_data(100).unwrap();
@@ -1243,63 +1248,63 @@ mod tests {
         assert_eq!(handed_back(&mut c), (0x1000, 100, 7));
         assert_eq!(c.take_rx_growth_wanted(), None);
         // Ready: nothing changes until the window is full and read...
-        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: 400, key: 8 }));
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: STEP1, key: 8 }));
         c.on_data(60).unwrap();
         assert_eq!(c.read(100), Ok(0..60));
         assert_eq!((c.poll_control(), c.take_rx_swap()), (None, false));
         // ...then the hand-back names the new buffer and the driver swaps it in.
         c.on_data(40).unwrap();
         assert_eq!(c.read(100), Ok(60..100));
-        assert_eq!(handed_back(&mut c), (0x5000, 400, 8));
+        assert_eq!(handed_back(&mut c), (0x5000, STEP1, 8));
         assert!(c.take_rx_swap());
         assert!(!c.take_rx_swap(), "once");
-        assert_eq!(c.rx().len(), 400);
+        assert_eq!(c.rx().len(), STEP1);
         // Next step up to the cap; a buffer that cannot be made ends the growth there.
-        c.on_data(400).unwrap();
-        assert_eq!(c.read(400), Ok(0..400));
-        assert_eq!(handed_back(&mut c), (0x5000, 400, 8));
-        assert_eq!(c.take_rx_growth_wanted(), Some(1000));
+        c.on_data(STEP1).unwrap();
+        assert_eq!(c.read(STEP1 as usize), Ok(0..STEP1 as usize));
+        assert_eq!(handed_back(&mut c), (0x5000, STEP1, 8));
+        assert_eq!(c.take_rx_growth_wanted(), Some(CAP));
         c.rx_growth_ready(None);
-        c.on_data(400).unwrap();
-        assert_eq!(c.read(400), Ok(0..400));
-        assert_eq!(handed_back(&mut c), (0x5000, 400, 8));
+        c.on_data(STEP1).unwrap();
+        assert_eq!(c.read(STEP1 as usize), Ok(0..STEP1 as usize));
+        assert_eq!(handed_back(&mut c), (0x5000, STEP1, 8));
         assert_eq!(c.take_rx_growth_wanted(), None, "no retry after a failure");
     }
 
     #[test]
     fn the_next_rx_buffer_is_wanted_once_half_the_current_one_is_written() {
         let mut c = established_server();
-        c.set_rx_cap(1000);
+        c.set_rx_cap(CAP);
         c.on_data(49).unwrap();
         assert_eq!(c.take_rx_growth_wanted(), None, "less than half");
         c.on_data(1).unwrap();
-        assert_eq!(c.take_rx_growth_wanted(), Some(400));
+        assert_eq!(c.take_rx_growth_wanted(), Some(STEP1));
         // ready before the buffer is full: its hand-back names the new one
-        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: 400, key: 8 }));
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: STEP1, key: 8 }));
         c.on_data(50).unwrap();
         assert_eq!(c.read(100), Ok(0..100));
-        assert_eq!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { addr: 0x5000, length: 400, key: 8 }));
+        assert_eq!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { addr: 0x5000, length: STEP1, key: 8 }));
         assert!(c.take_rx_swap());
         // at the cap nothing more is wanted
-        c.on_data(200).unwrap();
-        assert_eq!(c.take_rx_growth_wanted(), Some(1000));
-        c.rx_growth_ready(Some(RxBuffer { addr: 0x9000, len: 1000, key: 9 }));
-        c.on_data(200).unwrap();
-        assert_eq!(c.read(400), Ok(0..400));
+        c.on_data(STEP1 / 2).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), Some(CAP));
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x9000, len: CAP, key: 9 }));
+        c.on_data(STEP1 / 2).unwrap();
+        assert_eq!(c.read(STEP1 as usize), Ok(0..STEP1 as usize));
         assert!(c.take_rx_swap());
-        c.on_data(1000).unwrap();
+        c.on_data(CAP).unwrap();
         assert_eq!(c.take_rx_growth_wanted(), None);
     }
 
     #[test]
     fn a_prepared_rx_buffer_is_not_offered_to_a_peer_that_left() {
         let mut c = established_server();
-        c.set_rx_cap(1000);
+        c.set_rx_cap(CAP);
         c.on_data(100).unwrap();
         assert_eq!(c.read(100), Ok(0..100));
         let _ = c.poll_control();
-        assert_eq!(c.take_rx_growth_wanted(), Some(400));
-        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: 400, key: 8 }));
+        assert_eq!(c.take_rx_growth_wanted(), Some(STEP1));
+        c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: STEP1, key: 8 }));
         c.on_data(100).unwrap();
         c.on_disconnected();
         assert_eq!(c.read(100), Ok(0..100));
