@@ -38,8 +38,9 @@ TEST_TIMEOUT=${CONFORMANCE_TEST_TIMEOUT:-600}
 
 # The CI subset (CONFORMANCE_SUBSET=ci): the data types, transactions, pub/sub, the
 # protocol parser, QUIT, and keyspace/scan/expire/info-command; mode bridge-ours (tcp as referee);
-# runtest --tags -slow, and without the six round-trip-bound fuzz/stress tests below
-# (pure server logic, thousands of sequential commands each).
+# runtest --tags -slow, and without the twelve round-trip-bound fuzz/stress tests below
+# (pure server logic, thousands of sequential commands each; the full --conformance runs
+# them).
 # Measured in the TCG guest (2 vCPUs, Soft-RoCE), 19 files, 1365 tests passed per mode:
 #   tcp 187 s, bridge-ours 315 s (the CI default: 8.5 min, ~9 min with the guest's boot);
 #   bridge-c 322 s (CONFORMANCE_MODES=all: 14 min in all).
@@ -56,7 +57,16 @@ CI_ARGS=(--tags -slow
     --skiptest "/SDIFF fuzzing"                          # 22 s, 43 s
     --skiptest "/XRANGE fuzzing"                         # 34 s, 34 s
     --skiptest "/XDEL fuzz test"                         # 11 s, 32 s
-    --skiptest "/Stress tester for #3343-alike bugs")    # 34 s, 35 s
+    --skiptest "/Stress tester for #3343-alike bugs"     # 34 s, 35 s
+    # the next six: bridge-ours on 2026-12-01, on a host that ran the whole subset in
+    # 816 s (with them) where the first measurement above took 315 s. (Not "XADD mass
+    # insertion and XLEN", 47 s: the stream it builds is what the XRANGE/XREAD tests after
+    # it read.)
+    --skiptest "/Hash fuzzing #[12] - 512 fields"        # 53 s + 39 s
+    --skiptest "/SETNX against expired volatile key"     # 40 s
+    --skiptest "/XREAD with non empty second stream"     # 40 s
+    --skiptest "/ZSET skiplist order consistency when elements are moved"  # 39 s
+    --skiptest "/Stress test the hash ziplist -> hashtable encoding conversion")  # 39 s
 # CI runs bridge-ours over every file, and tcp only as the referee: over the files that had
 # a failure in bridge-ours, to tell a failure of ours from one of the suite in this bed
 # (the gate below is the same as with tcp over every file). That saves the tcp pass
