@@ -85,18 +85,23 @@ impl fmt::Display for Failure {
             Failure::PeerSilent { ticks } => write!(
                 f,
                 "the peer acknowledged nothing for {ticks} keepalive periods ({} s): it is gone",
-                u64::from(*ticks) * super::KEEPALIVE_MS / 1000
+                keepalive_secs(*ticks)
             ),
             Failure::HandshakeTimeout { ticks } => write!(
                 f,
                 "the client did not complete the connection handshake within {ticks} keepalive periods ({} s)",
-                u64::from(*ticks) * super::KEEPALIVE_MS / 1000
+                keepalive_secs(*ticks)
             ),
         }
     }
 }
 
 impl std::error::Error for Failure {}
+
+/// `ticks` keepalive periods in seconds, for the log lines.
+fn keepalive_secs(ticks: u32) -> u64 {
+    u64::from(ticks) * super::KEEPALIVE_MS / 1000
+}
 
 /// The connection's life. Only forward moves exist: `Accepting → Established →
 /// PeerClosed | Failed → Closed`, with shortcuts (a peer may leave or fail before
@@ -577,7 +582,7 @@ impl Conn {
         // a small buffer holds up the writer for a round trip (docs/protocol.md §4.3).
         let rx = &self.session.rx;
         if self.rx_growth == RxGrowth::None && rx.len() < self.rx_cap && rx.written() >= rx.len() / 2 {
-            self.rx_growth = RxGrowth::Wanted(rx.len().saturating_mul(super::RX_GROWTH_FACTOR).min(self.rx_cap));
+            self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
         }
         Ok(())
     }
@@ -663,9 +668,8 @@ impl Conn {
                     self.control.push_back(self.session.register_rx());
                 } else {
                     self.control.push_back(msg);
-                    let len = self.session.rx.len();
-                    if len < self.rx_cap && self.rx_growth == RxGrowth::None {
-                        self.rx_growth = RxGrowth::Wanted(len.saturating_mul(super::RX_GROWTH_FACTOR).min(self.rx_cap));
+                    if self.session.rx.len() < self.rx_cap && self.rx_growth == RxGrowth::None {
+                        self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
                     }
                 }
             }
@@ -677,6 +681,12 @@ impl Conn {
     /// connection pins little). Never below the current buffer.
     pub fn set_rx_cap(&mut self, cap: u32) {
         self.rx_cap = cap.max(self.session.rx.len());
+    }
+
+    /// The size of the next RX buffer: one growth step up, at most the cap
+    /// (docs/protocol.md §4.3).
+    fn next_rx_size(&self) -> u32 {
+        self.session.rx.len().saturating_mul(super::RX_GROWTH_FACTOR).min(self.rx_cap)
     }
 
     /// A larger RX buffer of this many bytes is wanted: the driver starts preparing it
@@ -804,14 +814,18 @@ impl Conn {
         if self.is_live() && unacknowledged_ticks >= super::DEAD_PEER_TICKS {
             return Err(self.fail(Failure::PeerSilent { ticks: unacknowledged_ticks }));
         }
-        if self.session.role() == Role::Server && self.state == State::Accepting {
-            self.accepting_ticks += 1;
-            if self.accepting_ticks >= super::HANDSHAKE_TICKS {
-                return Err(self.fail(Failure::HandshakeTimeout { ticks: self.accepting_ticks }));
-            }
+        if self.session.role() != Role::Server {
+            return Ok(());
         }
-        if self.session.role() == Role::Server && self.accepted && self.state == State::Established {
-            self.control.push_back(ControlMessage::Keepalive);
+        match self.state {
+            State::Accepting => {
+                self.accepting_ticks += 1;
+                if self.accepting_ticks >= super::HANDSHAKE_TICKS {
+                    return Err(self.fail(Failure::HandshakeTimeout { ticks: self.accepting_ticks }));
+                }
+            }
+            State::Established if self.accepted => self.control.push_back(ControlMessage::Keepalive),
+            _ => {}
         }
         Ok(())
     }
