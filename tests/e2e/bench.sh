@@ -109,7 +109,12 @@ only aa-noise-c-vs-c && COMPARE_WITH=$C_MODULE run aa-noise-c-vs-c --rounds "$RO
 # channels of the connections it closed), before it prints its rate.
 only churn-k0 && vb_compare churn-k0 PING_INLINE -k 0 -c 4 -n 900 -t ping_inline
 only idle-200 && idle_compare 200
-only capacity || { echo "results in $OUT"; exit 0; }
+# finish: the run's table (ratios ours/C, per-round spread) into summary.md, as the README shows it
+finish() {
+    python3 "$(dirname "$(readlink -f "$0")")/bench_table.py" "$OUT" > "$OUT/summary.md" && cat "$OUT/summary.md"
+    echo "results in $OUT"
+}
+only capacity || { finish; exit 0; }
 # capacity: 10,000 idle connections held by one client process on one server, each PINGed
 # twice (tests/e2e/idle-capacity.sh). Then vm.max_map_count is raised: each connection takes
 # about 8 memory mappings in the server, and the default 65530 admits about 5,800 (the
@@ -129,4 +134,4 @@ IDLE_MAX_MAP_COUNT=${IDLE_MAX_MAP_COUNT:-262144} idle_capacity "${BENCH_IDLE_N:-
     | tee "$OUT/idle-capacity-ours.txt"
 IDLE_MAX_MAP_COUNT=${IDLE_MAX_MAP_COUNT:-262144} IDLE_TIMEOUT=300 idle_capacity "${BENCH_IDLE_N:-10000}" c "$OUT" \
     | tee "$OUT/idle-capacity-c.txt"
-echo "results in $OUT"
+finish

@@ -17,7 +17,9 @@ proc_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; 
 fd_count() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 map_count() { wc -l < "/proc/$1/maps" 2>/dev/null; }
-info_field() { "$CLI912" -h 127.0.0.1 -p "$PORT" INFO "$1" 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
+# (10 s: a server that crashed can hang in its crash report, answering nothing; seen with the
+# C module at about 1,600 connections)
+info_field() { timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" INFO "$1" 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
 per_conn() { if [ "${3:-0}" -gt 0 ]; then echo $(( ($1 - $2) / $3 )); else echo "-"; fi; }
 
 # idle_capacity N MODULE OUTDIR: the case; prints "idle-capacity ..." lines, status 0
@@ -93,6 +95,7 @@ idle_capacity() {
     done
     echo "server log, RDMA lines (of $(grep -c 'RDMA' "$SERVER_LOG") lines, $(grep -c 'refused' "$SERVER_LOG") refusals):"
     grep -E 'RDMA|maxclients|max number|file descriptors|open files' "$SERVER_LOG" | grep -v 'listening on' | head -n 12
+    grep -E 'crashed by signal|Accessing address|ASSERTION' "$SERVER_LOG" | head -n 3
     if server_alive; then echo "server alive after the run"; else echo "SERVER DIED"; rc=1; fi
     dmesg 2>/dev/null | grep -iE 'oom|killed process|rxe' | tail -n 5
     stop_all_servers

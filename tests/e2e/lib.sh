@@ -97,9 +97,10 @@ start_server() {
     return 1
 }
 
-# server_alive: the last server still runs and answers over TCP.
+# server_alive: the last server still runs and answers over TCP within 10 s (a server that
+# crashed can hang in its crash report for many minutes: still a process, answering nothing).
 server_alive() {
-    kill -0 "$SERVER_PID" 2>/dev/null && "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG
+    kill -0 "$SERVER_PID" 2>/dev/null && timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG
 }
 
 stop_all_servers() {
