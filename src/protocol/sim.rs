@@ -593,8 +593,10 @@ impl Sim {
             if self.sides[s].freed {
                 continue;
             }
-            // (the fake NIC acknowledges everything: no silent peer here)
-            let _ = self.sides[s].core.keepalive_tick(0);
+            // (the fake NIC acknowledges everything: no silent peer here; a side may
+            // or may not have written since the last tick)
+            let busy = self.rng.one_in(2);
+            let _ = self.sides[s].core.keepalive_tick(0, busy);
             self.flush_control(s);
             self.queue_if_due(s);
         }

@@ -352,13 +352,14 @@ pub(crate) fn keepalive(c: &HostedConn) {
     let mut g = c.inner.lock();
     // First: the previous tick's Keepalive has completed, and with it every write before
     // it; a connection that wrote nothing since gives its TX buffer back.
-    let mut silent_ticks = 0;
+    let (mut silent_ticks, mut acknowledged) = (0, false);
     if let Some(ep) = g.ep.as_mut() {
+        silent_ticks = ep.unacknowledged_ticks();
+        acknowledged = ep.busy_and_acknowledged();
         let freed = ep.release_idle_tx();
         stats::add(&STATS.tx_buffers_released, u64::from(freed > 0));
-        silent_ticks = ep.unacknowledged_ticks();
     }
-    let failed = match g.core.keepalive_tick(silent_ticks) {
+    let failed = match g.core.keepalive_tick(silent_ticks, acknowledged) {
         Err(f) => Some(f),
         Ok(()) => g.flush_control(),
     };

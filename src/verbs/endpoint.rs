@@ -516,6 +516,15 @@ impl Endpoint {
         self.tx.tick()
     }
 
+    /// Whether this connection posted data writes since the last keepalive tick and the
+    /// peer's NIC acknowledged some of its sends in that period (so the peer is alive
+    /// and needs no Keepalive this tick, docs/protocol.md §5). Call before
+    /// [`release_idle_tx`](Self::release_idle_tx) and after
+    /// [`unacknowledged_ticks`](Self::unacknowledged_ticks), both once per tick.
+    pub fn busy_and_acknowledged(&self) -> bool {
+        self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick()
+    }
+
     /// Frees the TX buffer of a connection that posted no data write since the last
     /// call and whose send queue has completed everything (so the NIC reads none of
     /// it); the next write makes a new one. Called on every keepalive tick *before*

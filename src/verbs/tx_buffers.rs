@@ -25,6 +25,8 @@ pub(crate) struct TxBuffers<B> {
     /// that saw work requests in flight and no completion.
     completed_at_tick: u64,
     stalled_ticks: u32,
+    /// Whether a work request completed between the last two ticks.
+    progressed_at_last_tick: bool,
 }
 
 impl<B> TxBuffers<B> {
@@ -35,6 +37,7 @@ impl<B> TxBuffers<B> {
             posted: 0,
             completed: 0,
             completed_at_tick: 0,
+            progressed_at_last_tick: false,
             stalled_ticks: 0,
         }
     }
@@ -80,9 +83,16 @@ impl<B> TxBuffers<B> {
     /// period, so this stays 0; it grows only while the peer answers nothing.
     pub(crate) fn tick(&mut self) -> u32 {
         let progressed = self.completed != self.completed_at_tick;
+        self.progressed_at_last_tick = progressed;
         self.completed_at_tick = self.completed;
         self.stalled_ticks = if self.in_flight() == 0 || progressed { 0 } else { self.stalled_ticks + 1 };
         self.stalled_ticks
+    }
+
+    /// Whether the last [`tick`](Self::tick) saw a work request complete since the one
+    /// before: the peer's NIC acknowledged something in that period.
+    pub(crate) fn progressed_at_last_tick(&self) -> bool {
+        self.progressed_at_last_tick
     }
 
     /// Makes `new` the current buffer. The old one is retired: work requests posted so
@@ -206,10 +216,12 @@ mod tests {
         assert_eq!(tx.tick(), 1, "in flight since the last tick, unanswered");
         tx.on_completed(k1);
         assert_eq!(tx.tick(), 0, "answered: the count starts over");
+        assert!(tx.progressed_at_last_tick());
         tx.on_posted();
         assert_eq!(tx.tick(), 1);
         tx.on_posted();
         assert_eq!(tx.tick(), 2, "still nothing completed");
+        assert!(!tx.progressed_at_last_tick());
         assert_eq!(tx.tick(), 3);
     }
 
