@@ -350,14 +350,13 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
 /// The keepalive tick (docs/protocol.md §5).
 pub(crate) fn keepalive(c: &HostedConn) {
     let mut g = c.inner.lock();
-    // First: the previous tick's Keepalive has completed, and with it every write before
-    // it; a connection that wrote nothing since gives its TX buffer back.
+    // First the endpoint's side: sends unanswered, the peer shown alive, and the TX buffer
+    // of a connection that wrote nothing since given back.
     let (mut silent_ticks, mut acknowledged) = (0, false);
     if let Some(ep) = g.ep.as_mut() {
-        silent_ticks = ep.unacknowledged_ticks();
-        acknowledged = ep.busy_and_acknowledged();
-        let freed = ep.release_idle_tx();
-        stats::add(&STATS.tx_buffers_released, u64::from(freed > 0));
+        let t = ep.keepalive_tick();
+        stats::add(&STATS.tx_buffers_released, u64::from(t.tx_bytes_released > 0));
+        (silent_ticks, acknowledged) = (t.unacknowledged_ticks, t.busy_and_acknowledged);
     }
     let failed = match g.core.keepalive_tick(silent_ticks, acknowledged) {
         Err(f) => Some(f),

@@ -509,20 +509,20 @@ impl Endpoint {
         }
     }
 
-    /// Called once per keepalive tick: the ticks in a row at which sends were in
-    /// flight and none completed ([`TxBuffers::tick`]); the core decides what that
-    /// means (docs/protocol.md §5).
-    pub fn unacknowledged_ticks(&mut self) -> u32 {
-        self.tx.tick()
-    }
-
-    /// Whether this connection posted data writes since the last keepalive tick and the
-    /// peer's NIC acknowledged some of its sends in that period (so the peer is alive
-    /// and needs no Keepalive this tick, docs/protocol.md §5). Call before
-    /// [`release_idle_tx`](Self::release_idle_tx) and after
-    /// [`unacknowledged_ticks`](Self::unacknowledged_ticks), both once per tick.
-    pub fn busy_and_acknowledged(&self) -> bool {
-        self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick()
+    /// Once per keepalive tick, before the Keepalive (if any) is posted
+    /// (docs/protocol.md §5). In this order, since each step reads what the one before
+    /// left:
+    /// - `unacknowledged_ticks`: the ticks in a row at which sends were in flight and
+    ///   none completed ([`TxBuffers::tick`]); the core decides what that means;
+    /// - `busy_and_acknowledged`: data writes were posted since the last tick and some
+    ///   send completed in it, so the peer is alive and needs no Keepalive now;
+    /// - `tx_bytes_released`: what [`release_idle_tx`](Self::release_idle_tx) gave back
+    ///   (it starts the next period's write count).
+    pub fn keepalive_tick(&mut self) -> KeepaliveTick {
+        let unacknowledged_ticks = self.tx.tick();
+        let busy_and_acknowledged = self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick();
+        let tx_bytes_released = self.release_idle_tx();
+        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, tx_bytes_released }
     }
 
     /// Frees the TX buffer of a connection that posted no data write since the last
@@ -531,7 +531,7 @@ impl Endpoint {
     /// the Keepalive is posted, so the previous tick's signalled Keepalive has told us
     /// that the writes before it completed: an idle connection's TX buffer goes after
     /// two ticks. Returns the bytes given back.
-    pub fn release_idle_tx(&mut self) -> u64 {
+    fn release_idle_tx(&mut self) -> u64 {
         let idle = self.writes_since_idle_check == 0;
         self.writes_since_idle_check = 0;
         if !idle || self.tx_len_wanted == 0 {
@@ -879,6 +879,13 @@ impl Drop for PreparedRx {
             unsafe { (loaded().ibv_dereg_mr)(self.mr) };
         }
     }
+}
+
+/// What [`Endpoint::keepalive_tick`] found.
+pub struct KeepaliveTick {
+    pub unacknowledged_ticks: u32,
+    pub busy_and_acknowledged: bool,
+    pub tx_bytes_released: u64,
 }
 
 /// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
