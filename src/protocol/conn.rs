@@ -364,7 +364,7 @@ pub struct Conn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RxGrowth {
     None,
-    /// A full buffer was handed back below the cap: the driver should prepare this size.
+    /// The peer outgrew a buffer below the cap: the driver should prepare this size.
     Wanted(u32),
     /// The driver is preparing it.
     Preparing,
@@ -577,14 +577,30 @@ impl Conn {
             return Ok(());
         }
         self.session.on_data(imm).map_err(|v| self.fail(Failure::Protocol(v)))?;
-        // A peer that has written half of a buffer below the cap gets the next size
-        // prepared now, so that it is ready at this buffer's hand-back: each hand-back of
-        // a small buffer holds up the writer for a round trip (docs/protocol.md §4.3).
+        // A peer that has written half of a buffer below the cap, in few enough writes,
+        // gets the next size prepared now, so that it is ready at this buffer's
+        // hand-back (docs/protocol.md §4.3). Asked at every write from half on: a run
+        // of small commands may be followed by a large value that fills the rest.
         let rx = &self.session.rx;
-        if self.rx_growth == RxGrowth::None && rx.len() < self.rx_cap && rx.written() >= rx.len() / 2 {
-            self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
+        if rx.written() >= rx.len() / 2 {
+            self.want_larger_rx_if_outgrown(rx.written(), rx.writes());
         }
         Ok(())
+    }
+
+    /// Adaptive RX window (docs/protocol.md §4.3): the peer filled `written` bytes of the
+    /// current buffer in `writes` writes. Every hand-back holds one of its writes up for
+    /// a round trip; when that is more than 1 in
+    /// [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES) of them (writes averaging
+    /// more than 1/128 of the buffer), the next size is wanted, unless one is already
+    /// on its way or the buffer is at the cap.
+    fn want_larger_rx_if_outgrown(&mut self, written: u32, writes: u32) {
+        let len = self.session.rx.len();
+        let outgrown =
+            u64::from(writes) * u64::from(len) <= u64::from(super::RX_GROWTH_MAX_WRITES) * u64::from(written);
+        if outgrown && self.rx_growth == RxGrowth::None && len < self.rx_cap {
+            self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
+        }
     }
 
     /// After each poll of the completion queue: `left` when the poll stopped at the
@@ -643,8 +659,9 @@ impl Conn {
     /// unless the peer is gone. The driver must copy the bytes out *before* posting the
     /// queued message: the peer writes over them once it has it.
     ///
-    /// A server whose RX buffer is below its cap ([`set_rx_cap`](Self::set_rx_cap))
-    /// grows it, without making the peer wait and without blocking the event loop for
+    /// A server whose RX buffer is below its cap ([`set_rx_cap`](Self::set_rx_cap)),
+    /// and whose client fills it in few writes (at most
+    /// [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES)), grows it, without making the peer wait and without blocking the event loop for
     /// the registration (a 1 MiB one took the p99 latency of every connection with it):
     /// the first full buffer is handed back as it is, and the driver is asked
     /// ([`take_rx_growth_wanted`](Self::take_rx_growth_wanted)) to prepare one
@@ -668,9 +685,6 @@ impl Conn {
                     self.control.push_back(self.session.register_rx());
                 } else {
                     self.control.push_back(msg);
-                    if self.session.rx.len() < self.rx_cap && self.rx_growth == RxGrowth::None {
-                        self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
-                    }
                 }
             }
         }
@@ -1093,11 +1107,18 @@ mod tests {
     }
 
     fn established_server() -> Conn {
-        let mut c = Conn::new(Role::Server, rx());
+        established_server_with(rx())
+    }
+
+    fn established_server_with(rx: RxBuffer) -> Conn {
+        let mut c = Conn::new(Role::Server, rx);
         c.set_read_handler(true);
         c.on_accepted().unwrap();
         c.on_established();
-        assert!(matches!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { length: 100, .. })));
+        assert_eq!(
+            c.poll_control(),
+            Some(ControlMessage::RegisterXferMemory { addr: rx.addr, length: rx.len, key: rx.key })
+        );
         let reg = ControlMessage::RegisterXferMemory { addr: 0x9000, length: 50, key: 3 }.encode();
         assert_eq!(c.on_control(&reg), Ok(Received::PeerRxRegistered { len: 50, resized: true }));
         c
@@ -1330,6 +1351,58 @@ mod tests {
         assert!(c.take_rx_swap());
         c.on_data(CAP).unwrap();
         assert_eq!(c.take_rx_growth_wanted(), None);
+    }
+
+    #[test]
+    fn the_rx_buffer_grows_only_for_a_client_that_fills_it_in_few_writes() {
+        use super::super::{DEFAULT_RX_SIZE, MIN_RX_SIZE, RX_GROWTH_MAX_WRITES};
+        let fill = |c: &mut Conn, write: u32| {
+            for _ in 0..MIN_RX_SIZE / write {
+                c.on_data(write).unwrap();
+            }
+            let len = MIN_RX_SIZE as usize;
+            assert_eq!(c.read(len), Ok(0..len));
+            assert!(matches!(c.poll_control(), Some(ControlMessage::RegisterXferMemory { length: MIN_RX_SIZE, .. })));
+        };
+        let server = || {
+            let mut c = established_server_with(RxBuffer { addr: 0x10000, len: MIN_RX_SIZE, key: 7 });
+            c.set_rx_cap(DEFAULT_RX_SIZE);
+            c
+        };
+        // Small requests, one write each (-P 1): a hand-back holds up 1 write in 256, so
+        // the 64 KiB buffer stays, window after window.
+        let mut c = server();
+        for _ in 0..4 {
+            fill(&mut c, MIN_RX_SIZE / (2 * RX_GROWTH_MAX_WRITES));
+            assert_eq!(c.take_rx_growth_wanted(), None);
+        }
+        // Exactly 1 in 128: wanted once half the buffer is written (64 writes), before
+        // the hand-back.
+        let mut c = server();
+        let write = MIN_RX_SIZE / RX_GROWTH_MAX_WRITES;
+        for _ in 0..RX_GROWTH_MAX_WRITES / 2 - 1 {
+            c.on_data(write).unwrap();
+        }
+        assert_eq!(c.take_rx_growth_wanted(), None, "below half");
+        c.on_data(write).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), Some(DEFAULT_RX_SIZE));
+        // Just under half in small writes, then one write of the rest (a large value
+        // after small commands): the whole buffer took 128 writes, wanted at that write.
+        let mut c = server();
+        let small = MIN_RX_SIZE / (2 * RX_GROWTH_MAX_WRITES);
+        for _ in 0..RX_GROWTH_MAX_WRITES - 1 {
+            c.on_data(small).unwrap();
+        }
+        assert_eq!(c.take_rx_growth_wanted(), None, "just under half, in 127 writes");
+        c.on_data(MIN_RX_SIZE - (RX_GROWTH_MAX_WRITES - 1) * small).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), Some(DEFAULT_RX_SIZE), "128 writes for the whole buffer");
+        // One write more for the same bytes (129): not wanted.
+        let mut c = server();
+        for _ in 0..RX_GROWTH_MAX_WRITES {
+            c.on_data(small).unwrap();
+        }
+        c.on_data(MIN_RX_SIZE - RX_GROWTH_MAX_WRITES * small).unwrap();
+        assert_eq!(c.take_rx_growth_wanted(), None, "129 writes for the whole buffer");
     }
 
     #[test]

@@ -40,6 +40,14 @@ pub const MIN_RX_SIZE: u32 = 64 * 1024;
 /// short pipelined runs, and ×16 took p99 to 0.89-0.96 of the ×4 build's at P16 (README,
 /// Measurements). A connection that never writes half of 64 KiB still pins only that.
 pub const RX_GROWTH_FACTOR: u32 = 16;
+/// A server RX buffer grows only for a client that fills it in at most this many writes
+/// (docs/protocol.md §4.3): every hand-back holds one of the client's writes up for a
+/// round trip, so a client that needs more writes per buffer is held up on fewer than
+/// 1 in 128 of its requests, below the p99, and keeps its small buffer. Growing it
+/// anyway cost a 1 MiB registration per connection for nothing: at `-c 32 -P 1` all 32
+/// of them fell together, mid-run, and the requests around them were the slowest of
+/// the run (docs/measurements/keepalive-busy-2026-12-01).
+pub const RX_GROWTH_MAX_WRITES: u32 = 128;
 pub const MAX_RX_SIZE: u32 = 16 * 1024 * 1024;
 /// The largest RX buffer we accept from a peer: a peer announcing more would make us
 /// pin that much memory for its TX buffer. Upstream clients announce 1 MiB.

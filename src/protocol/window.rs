@@ -13,11 +13,14 @@ pub struct RxWindow {
     offset: u32,
     /// Bytes the application has consumed.
     pos: u32,
+    /// Writes (immediates) since the last registration: how finely the peer fills the
+    /// buffer (the adaptive RX window's measure, docs/protocol.md §4.3).
+    writes: u32,
 }
 
 impl RxWindow {
     pub fn new(len: u32) -> Self {
-        RxWindow { len, offset: 0, pos: 0 }
+        RxWindow { len, offset: 0, pos: 0, writes: 0 }
     }
     pub fn len(&self) -> u32 {
         self.len
@@ -31,6 +34,7 @@ impl RxWindow {
         match self.offset.checked_add(imm) {
             Some(end) if end <= self.len => {
                 self.offset = end;
+                self.writes = self.writes.saturating_add(1);
                 Ok(())
             }
             _ => Err(Violation::RxOverrun { offset: self.offset, imm, len: self.len }),
@@ -52,6 +56,7 @@ impl RxWindow {
         if self.pos == self.len {
             self.pos = 0;
             self.offset = 0;
+            self.writes = 0;
             return true;
         }
         false
@@ -62,6 +67,11 @@ impl RxWindow {
     /// Bytes the peer has written since the last registration.
     pub fn written(&self) -> u32 {
         self.offset
+    }
+    /// Writes the peer has made since the last registration (saturating: empty writes
+    /// fill nothing but still count).
+    pub fn writes(&self) -> u32 {
+        self.writes
     }
 }
 
@@ -129,8 +139,10 @@ mod tests {
         rx.on_write(10).unwrap();
         assert!(!rx.consume(4));
         assert_eq!(rx.readable(), 4..10);
+        assert_eq!((rx.written(), rx.writes()), (10, 1));
         assert!(rx.consume(6));
         assert_eq!(rx.readable(), 0..0);
+        assert_eq!((rx.written(), rx.writes()), (0, 0), "counted again from the hand-back");
         rx.on_write(3).unwrap();
         assert!(!rx.consume(3), "consumed but not full: no re-registration");
         assert!(!rx.consume(5), "consuming more than is readable is clamped");

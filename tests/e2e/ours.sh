@@ -246,8 +246,17 @@ case_idle_pinned() {
 }
 run_case "ours pinned memory per idle connection at most 0.1 of the C module's" case_idle_pinned
 
-case_rx_window_grows() {  # a client that sends a lot gets a larger RX buffer, bytes intact
+case_rx_window_grows() {  # a client that sends a lot in large writes gets a larger RX buffer, bytes intact
     start_server rxgrow "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    # Small commands one at a time (-P 1, 64-byte values): each client fills its 64 KiB
+    # many times over in about 1,000 writes per buffer, so every hand-back holds up
+    # fewer than 1 write in 128 and the buffer stays (RX_GROWTH_MAX_WRITES, §4.3).
+    timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set -d 64 -n 6000 -c 2 -P 1 -q > "$WORK/grow-small.log" 2>&1 \
+        || { cat "$WORK/grow-small.log"; fail "valkey-benchmark -P 1"; return 1; }
+    local handbacks; handbacks=$(( $(rdma_info rx_registrations_sent) - $(rdma_info total_connections_received) ))
+    echo "# small commands: $handbacks hand-backs, RX buffers grown $(rdma_info rx_windows_grown) times"
+    [ "$handbacks" -ge 6 ] || { fail "want at least 6 hand-backs of 64 KiB (2 clients x 3000 SETs of about 100 bytes), got $handbacks"; return 1; }
+    expect_eq "rx_windows_grown after small commands" "$(rdma_info rx_windows_grown)" 0 || return 1
     head -c 3000000 /dev/urandom | base64 -w0 > "$WORK/grow-value.txt"
     expect_eq "SET of 4 MB over RDMA" "$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" -x SET g < "$WORK/grow-value.txt")" OK || return 1
     expect_eq "the value over TCP" "$("$CLI912" -h 127.0.0.1 -p "$PORT" GET g | md5sum)" "$( (cat "$WORK/grow-value.txt"; echo) | md5sum)" || return 1

@@ -17,4 +17,5 @@ for f in sys.argv[1:]:
         print("   at %5d ms: %3d slow, max %3d ms, connections %d, KiB sent before %s" % (
             c[0][0], len(c), max(x[1] for x in c), len(set(x[2] for x in c)), sorted(set(x[3] for x in c))[:6]))
     first = sorted(x[2] // 1000 for x in r if x[3] == 0)
-    print("   first pipeline of each connection, ms: median", first[len(first) // 2], "max", first[-1])
+    if first:  # none when every connection was warmed up before the clock
+        print("   first pipeline of each connection, ms: median", first[len(first) // 2], "max", first[-1])
