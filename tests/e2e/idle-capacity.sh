@@ -96,7 +96,7 @@ idle_capacity() {
     echo "server log, RDMA lines (of $(grep -c 'RDMA' "$SERVER_LOG") lines, $(grep -c 'refused' "$SERVER_LOG") refusals):"
     grep -E 'RDMA|maxclients|max number|file descriptors|open files' "$SERVER_LOG" | grep -v 'listening on' | head -n 12
     grep -E 'crashed by signal|Accessing address|ASSERTION' "$SERVER_LOG" | head -n 3
-    if server_alive; then echo "server alive after the run"; else echo "SERVER DIED"; rc=1; fi
+    if server_alive; then echo "server alive after the run (answered a PING after $ALIVE_AFTER s)"; else echo "SERVER DIED"; rc=1; fi
     dmesg 2>/dev/null | grep -iE 'oom|killed process|rxe' | tail -n 5
     stop_all_servers
     return $rc

@@ -97,10 +97,21 @@ start_server() {
     return 1
 }
 
-# server_alive: the last server still runs and answers over TCP within 10 s (a server that
-# crashed can hang in its crash report for many minutes: still a process, answering nothing).
+# server_alive: the last server still runs, has written no crash report, and answers a PING
+# over TCP within 120 s. A server that crashed can hang in its crash report for many minutes
+# (still a process, answering nothing: seen with the C module), so its log is checked first;
+# a live one can be busy for a while (10,000 connections torn down at once under TCG took
+# more than 10 s). Sets ALIVE_AFTER: the seconds it took to answer.
 server_alive() {
-    kill -0 "$SERVER_PID" 2>/dev/null && timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG
+    local t0=$SECONDS
+    while kill -0 "$SERVER_PID" 2>/dev/null; do
+        grep -qE 'crashed by signal|ASSERTION FAILED|Guru Meditation' "$SERVER_LOG" 2>/dev/null && return 1
+        if timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; then
+            ALIVE_AFTER=$((SECONDS - t0)); return 0
+        fi
+        [ $((SECONDS - t0)) -lt 120 ] || return 1
+    done
+    return 1
 }
 
 stop_all_servers() {
