@@ -581,23 +581,20 @@ impl Conn {
         // gets the next size prepared now, so that it is ready at this buffer's
         // hand-back (docs/protocol.md §4.3). Asked at every write from half on: a run
         // of small commands may be followed by a large value that fills the rest.
-        let rx = &self.session.rx;
-        if rx.written() >= rx.len() / 2 {
-            self.want_larger_rx_if_outgrown(rx.written(), rx.writes());
-        }
+        self.want_larger_rx_if_outgrown();
         Ok(())
     }
 
-    /// Adaptive RX window (docs/protocol.md §4.3): the peer filled `written` bytes of the
-    /// current buffer in `writes` writes. Every hand-back holds one of its writes up for
-    /// a round trip; when that is more than 1 in
-    /// [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES) of them (writes averaging
-    /// more than 1/128 of the buffer), the next size is wanted, unless one is already
-    /// on its way or the buffer is at the cap.
-    fn want_larger_rx_if_outgrown(&mut self, written: u32, writes: u32) {
-        let len = self.session.rx.len();
-        let outgrown =
-            u64::from(writes) * u64::from(len) <= u64::from(super::RX_GROWTH_MAX_WRITES) * u64::from(written);
+    /// Adaptive RX window (docs/protocol.md §4.3): once the peer has written half of the
+    /// current buffer, every hand-back holds one of its writes up for a round trip; when
+    /// that is more than 1 in [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES) of
+    /// them (writes averaging at least 1/128 of the buffer), the next size is wanted,
+    /// unless one is already on its way or the buffer is at the cap.
+    fn want_larger_rx_if_outgrown(&mut self) {
+        let rx = &self.session.rx;
+        let (len, written, writes) = (rx.len(), rx.written(), rx.writes());
+        let outgrown = written >= len / 2
+            && u64::from(writes) * u64::from(len) <= u64::from(super::RX_GROWTH_MAX_WRITES) * u64::from(written);
         if outgrown && self.rx_growth == RxGrowth::None && len < self.rx_cap {
             self.rx_growth = RxGrowth::Wanted(self.next_rx_size());
         }
@@ -661,7 +658,8 @@ impl Conn {
     ///
     /// A server whose RX buffer is below its cap ([`set_rx_cap`](Self::set_rx_cap)),
     /// and whose client fills it in few writes (at most
-    /// [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES)), grows it, without making the peer wait and without blocking the event loop for
+    /// [`RX_GROWTH_MAX_WRITES`](super::RX_GROWTH_MAX_WRITES)), grows it, without making
+    /// the peer wait and without blocking the event loop for
     /// the registration (a 1 MiB one took the p99 latency of every connection with it):
     /// the first full buffer is handed back as it is, and the driver is asked
     /// ([`take_rx_growth_wanted`](Self::take_rx_growth_wanted)) to prepare one
