@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
 use super::stats::{self, STATS};
-use super::worker::Slot;
+use super::worker::{self, Slot};
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
 use crate::protocol::session::Role;
@@ -173,7 +173,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     }
     if let Some(len) = inner.core.take_rx_growth_wanted() {
         match ep.rx_preparation(len) {
-            Some(job) => inner.rx_preparing = Some(Slot::spawn(move || job.run())),
+            Some(job) => inner.rx_preparing = Some(Slot::spawn(&worker::PREPARE, move || job.run())),
             None => inner.core.rx_growth_ready(None),
         }
     }
@@ -355,7 +355,12 @@ pub(crate) fn keepalive(c: &HostedConn) {
     let (mut silent_ticks, mut acknowledged) = (0, false);
     if let Some(ep) = g.ep.as_mut() {
         let t = ep.keepalive_tick();
-        stats::add(&STATS.tx_buffers_released, u64::from(t.tx_bytes_released > 0));
+        if let Some(idle) = t.released_tx {
+            stats::add(&STATS.tx_buffers_released, u64::from(idle.registered_bytes() > 0));
+            // (freeing it costs milliseconds under Soft-RoCE, for each connection that
+            // went idle at this tick: docs/protocol.md §2)
+            worker::RELEASE.submit(move || drop(idle));
+        }
         (silent_ticks, acknowledged) = (t.unacknowledged_ticks, t.busy_and_acknowledged);
     }
     let failed = match g.core.keepalive_tick(silent_ticks, acknowledged) {
@@ -496,19 +501,31 @@ pub(crate) fn closed_unaccepted(c: &HostedConn) -> bool {
     *g.core.state() == crate::protocol::conn::State::Closed && !g.core.was_accepted()
 }
 
-/// Releases the verbs resources (disconnecting the peer first), outside the lock.
+/// Releases the verbs resources and disconnects the peer, on the background thread
+/// `rdma-release` (docs/server-abi.md §4.4, teardown): under Soft-RoCE that costs
+/// milliseconds a connection, which thousands of clients leaving at once would take from
+/// the event loop in one turn.
 pub(crate) fn teardown(c: &HostedConn) {
     if let Some((cq, qp_num)) = c.inner.shared_cq {
+        // From here on its completions are dropped, also those still queued when its
+        // QP is destroyed on the other thread.
         super::shared_cqs::unregister(cq, qp_num);
     }
-    let (ep, _prepared, _preparing) = {
+    let (ep, prepared, preparing) = {
         let mut g = c.inner.lock();
         (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())
     };
-    if let Some(ep) = ep {
-        ep.disconnect();
-        drop(ep);
-    }
+    let Some(ep) = ep else { return };
+    // The id lives on until the release runs, and a CM event for it (a late
+    // DISCONNECTED) carries its context: a key that a new connection may own by then.
+    ep.id().set_context(super::listener::NO_CONNECTION_KEY);
+    stats::add(&STATS.releasing, 1);
+    worker::RELEASE.submit(move || {
+        ep.close();
+        // (a buffer prepared for it holds its own reference to the protection domain)
+        drop((prepared, preparing));
+        STATS.releasing.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
 }
 
 /// Points the rdma_cm id's context at the connection, so that its CM events find it.

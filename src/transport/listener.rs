@@ -31,6 +31,9 @@ static CONN_EVENTS: OnceLock<EventChannel> = OnceLock::new();
 /// The key the connections' CM channel is watched with (connection keys are
 /// addresses, never 0).
 pub(crate) const CONN_EVENTS_KEY: usize = 0;
+/// The context of a closed connection's id while it waits to be destroyed: no live
+/// connection has this key (keys are addresses), so its CM events are dropped.
+pub(crate) const NO_CONNECTION_KEY: usize = 0;
 /// Listening endpoints closed while the server's event loop was still unknown: their fds
 /// stay open (and watched by the server) until their next event hands us the loop, so
 /// that a new listener can never reuse a number the server still watches (the server

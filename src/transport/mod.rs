@@ -23,7 +23,7 @@ pub(crate) mod shared_cqs;
 pub(crate) mod stats;
 pub(crate) mod worker;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_int;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -89,22 +89,65 @@ pub(crate) mod live {
 pub(crate) mod pending {
     use super::*;
 
-    static PENDING: Mutex<VecDeque<Arc<HostedConn>>> = Mutex::new(VecDeque::new());
+    static PENDING: Mutex<Option<KeyedQueue<Arc<HostedConn>>>> = Mutex::new(None);
+
+    fn with<T>(f: impl FnOnce(&mut KeyedQueue<Arc<HostedConn>>) -> T) -> T {
+        f(lock(&PENDING).get_or_insert_with(KeyedQueue::default))
+    }
 
     pub(crate) fn push(c: &Arc<HostedConn>) {
-        let mut p = lock(&PENDING);
-        if !p.iter().any(|x| Arc::ptr_eq(x, c)) {
-            p.push_back(c.clone());
-        }
+        with(|p| p.push(c.key(), c))
     }
     pub(crate) fn remove(c: &HostedConn) {
-        lock(&PENDING).retain(|x| x.key() != c.key());
+        with(|p| p.remove(c.key()))
     }
     pub(crate) fn pop() -> Option<Arc<HostedConn>> {
-        lock(&PENDING).pop_front()
+        with(KeyedQueue::pop)
     }
     pub(crate) fn len() -> usize {
-        lock(&PENDING).len()
+        with(|p| p.len())
+    }
+}
+
+/// A queue in order of arrival that holds each key at most once, with push, remove and
+/// pop in O(1): thousands of clients leaving at once are each queued (their EOF) and
+/// then closed. A removed key's entry stays in `order` until popped, then is skipped;
+/// the item it holds (an `Arc` of the connection, whose address is the key) keeps the
+/// key from naming anything else meanwhile.
+struct KeyedQueue<T> {
+    order: VecDeque<(usize, T)>,
+    queued: HashSet<usize>,
+}
+
+impl<T> Default for KeyedQueue<T> {
+    fn default() -> Self {
+        KeyedQueue { order: VecDeque::new(), queued: HashSet::new() }
+    }
+}
+
+impl<T: Clone> KeyedQueue<T> {
+    fn push(&mut self, key: usize, item: &T) {
+        if self.queued.insert(key) {
+            self.order.push_back((key, item.clone()));
+        }
+    }
+    fn remove(&mut self, key: usize) {
+        if self.queued.remove(&key) && self.queued.is_empty() {
+            self.order.clear();
+        }
+    }
+    /// The first item still queued. An entry whose key is not queued was removed, or
+    /// is the second entry of a key removed and queued again, which the first served.
+    fn pop(&mut self) -> Option<T> {
+        while let Some((key, item)) = self.order.pop_front() {
+            if self.queued.remove(&key) {
+                return Some(item);
+            }
+        }
+        None
+    }
+    fn len(&self) -> usize {
+        self.queued.len()
     }
 }
 
@@ -251,6 +294,33 @@ impl Transport for RdmaConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pending_queue_serves_each_queued_key_once_in_order_of_arrival() {
+        let mut q = KeyedQueue::<&str>::default();
+        q.push(1, &"a");
+        q.push(2, &"b");
+        q.push(1, &"a"); // queued already: keeps its place
+        q.push(3, &"c");
+        q.remove(2);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.pop(), Some("a"));
+        // removed, then queued again (two entries): served once
+        q.push(1, &"a");
+        q.remove(1);
+        q.push(1, &"a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.pop(), Some("c"));
+        assert_eq!(q.pop(), Some("a"));
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.pop(), None, "the second entry of a key already served is skipped");
+        assert_eq!(q.len(), 0);
+        // the last key removed: the entries left behind are dropped with it
+        q.push(4, &"d");
+        q.remove(4);
+        assert!(q.order.is_empty());
+        assert_eq!(q.pop(), None);
+    }
     use std::time::Duration;
 
     #[test]

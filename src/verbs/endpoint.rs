@@ -456,7 +456,7 @@ impl Endpoint {
         let buf = PinnedBuffer::new(len as usize)?;
         let chunk = (self.tx_chunk as usize).min(buf.len());
         let chunks = vec![std::ptr::null_mut(); buf.len().div_ceil(chunk)];
-        self.tx.replace(Some(TxRegion { buf, chunk, chunks }));
+        self.tx.replace(Some(TxRegion { buf, chunk, chunks, _pd: self.pd.clone() }));
         Ok(())
     }
 
@@ -516,13 +516,13 @@ impl Endpoint {
     ///   none completed ([`TxBuffers::tick`]); the core decides what that means;
     /// - `busy_and_acknowledged`: data writes were posted since the last tick and some
     ///   send completed in it, so the peer is alive and needs no Keepalive now;
-    /// - `tx_bytes_released`: what [`release_idle_tx`](Self::release_idle_tx) gave back
-    ///   (it starts the next period's write count).
+    /// - `released_tx`: the TX buffer [`release_idle_tx`](Self::release_idle_tx) gave
+    ///   up (it starts the next period's write count).
     pub fn keepalive_tick(&mut self) -> KeepaliveTick {
         let unacknowledged_ticks = self.tx.tick();
         let busy_and_acknowledged = self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick();
-        let tx_bytes_released = self.release_idle_tx();
-        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, tx_bytes_released }
+        let released_tx = self.release_idle_tx();
+        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, released_tx }
     }
 
     /// Frees the TX buffer of a connection that posted no data write since the last
@@ -530,19 +530,14 @@ impl Endpoint {
     /// it); the next write makes a new one. Called on every keepalive tick *before*
     /// the Keepalive is posted, so the previous tick's signalled Keepalive has told us
     /// that the writes before it completed: an idle connection's TX buffer goes after
-    /// two ticks. Returns the bytes given back.
-    fn release_idle_tx(&mut self) -> u64 {
+    /// two ticks. Returns the buffer, for the caller to free off the event loop.
+    fn release_idle_tx(&mut self) -> Option<ReleasedTx> {
         let idle = self.writes_since_idle_check == 0;
         self.writes_since_idle_check = 0;
         if !idle || self.tx_len_wanted == 0 {
-            return 0;
+            return None;
         }
-        let n = self.tx.current().map_or(0, |r| r.registered_bytes() as u64);
-        if self.tx.release_if_quiet() {
-            n
-        } else {
-            0
-        }
+        self.tx.release_if_quiet().map(ReleasedTx)
     }
 
     /// What it takes to make a larger RX buffer of `len` bytes on this endpoint's
@@ -740,6 +735,20 @@ impl Endpoint {
         self.id.disconnect();
     }
 
+    /// Ends the connection for good: destroys the QP, then disconnects (the peer sees
+    /// DISCONNECTED), then frees the rest. In this order the receives still posted
+    /// (256) are not completed into the CQ: `rdma_disconnect` moves a QP it still has
+    /// to the error state, where the device completes each posted work request as a
+    /// flush error, and on a shared CQ the event loop polls them all (docs/protocol.md
+    /// §4.6, teardown); a QP destroyed without passing through the error state is not
+    /// flushed under Soft-RoCE, and where a device does flush it, its completions are
+    /// dropped as those of a retired QP.
+    pub fn close(self) {
+        // SAFETY: `self` is consumed: nothing posts to the QP again.
+        unsafe { self.id.destroy_qp() };
+        self.id.disconnect();
+    }
+
     /// Moves the queue pair to the error state without telling the peer: from here
     /// on it answers nothing, as a crashed host or a pulled cable would. Only the test
     /// peer (`client::hostile`, case `vanish`) uses this.
@@ -885,7 +894,21 @@ impl Drop for PreparedRx {
 pub struct KeepaliveTick {
     pub unacknowledged_ticks: u32,
     pub busy_and_acknowledged: bool,
-    pub tx_bytes_released: u64,
+    pub released_tx: Option<ReleasedTx>,
+}
+
+/// An idle connection's TX buffer, given up at a keepalive tick when no work request
+/// can read it. Dropping it deregisters its chunks and unmaps it: milliseconds under
+/// Soft-RoCE (the unmap's TLB shootdown, the regions), which ten thousand connections
+/// going idle together would take from the event loop in one tick. So the owner drops
+/// it elsewhere (docs/protocol.md §2, TX buffer).
+pub struct ReleasedTx(TxRegion);
+
+impl ReleasedTx {
+    /// The bytes it had registered.
+    pub fn registered_bytes(&self) -> u64 {
+        self.0.registered_bytes() as u64
+    }
 }
 
 /// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
@@ -896,7 +919,15 @@ struct TxRegion {
     buf: PinnedBuffer,
     chunk: usize,
     chunks: Vec<*mut ibv_mr>,
+    /// The domain the chunks are registered on, kept until they are deregistered: a
+    /// released buffer may be freed after its endpoint.
+    _pd: Option<Arc<ProtectionDomain>>,
 }
+
+// SAFETY: the memory regions are owned by the region and deregistered once (Drop), on a
+// protection domain it keeps alive; libibverbs may deregister from any thread, and one
+// owner at a time uses the region.
+unsafe impl Send for TxRegion {}
 
 impl TxRegion {
     fn registered_bytes(&self) -> usize {

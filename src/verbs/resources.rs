@@ -273,6 +273,19 @@ impl CmId {
     }
 }
 
+impl CmId {
+    /// Destroys the id's QP now, ahead of the id (`Drop` then skips it).
+    ///
+    /// # Safety
+    /// Nothing may post to the QP or use it afterwards.
+    pub unsafe fn destroy_qp(&self) {
+        if !self.raw().qp.is_null() {
+            // SAFETY: per the contract; librdmacm clears `qp`, so it is destroyed once.
+            unsafe { (loaded().rdma_destroy_qp)(self.as_ptr()) };
+        }
+    }
+}
+
 impl Drop for CmId {
     fn drop(&mut self) {
         // SAFETY: the QP (if any) was created on this id and nothing posts to it any

@@ -104,14 +104,14 @@ impl<B> TxBuffers<B> {
         self.free_done();
     }
 
-    /// Frees the current buffer if no work request is in flight, so none can read it
-    /// (an idle connection's). Returns whether it did.
-    pub(crate) fn release_if_quiet(&mut self) -> bool {
-        if self.in_flight() > 0 || self.current.is_none() {
-            return false;
+    /// Gives up the current buffer if no work request is in flight, so none can read
+    /// it (an idle connection's): the caller frees it, where that costs the event loop
+    /// nothing.
+    pub(crate) fn release_if_quiet(&mut self) -> Option<B> {
+        if self.in_flight() > 0 {
+            return None;
         }
-        self.current = None;
-        true
+        self.current.take()
     }
 
     /// The current buffer and the retired ones still held.
@@ -199,12 +199,15 @@ mod tests {
         tx.replace(Some(Buf("a", freed.clone())));
         let s = tx.next_seq();
         tx.on_posted();
-        assert!(!tx.release_if_quiet());
+        assert!(tx.release_if_quiet().is_none());
         assert!(freed.borrow().is_empty());
         tx.on_completed(s);
-        assert!(tx.release_if_quiet());
+        let released = tx.release_if_quiet().expect("idle: released");
+        assert!(tx.current().is_none());
+        assert!(freed.borrow().is_empty(), "freed by whoever holds it, not here");
+        drop(released);
         assert_eq!(*freed.borrow(), ["a"]);
-        assert!(!tx.release_if_quiet(), "nothing left to release");
+        assert!(tx.release_if_quiet().is_none(), "nothing left to release");
     }
 
     #[test]

@@ -22,6 +22,26 @@ map_count() { wc -l < "/proc/$1/maps" 2>/dev/null; }
 info_field() { timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" INFO "$1" 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
 per_conn() { if [ "${3:-0}" -gt 0 ]; then echo $(( ($1 - $2) / $3 )); else echo "-"; fi; }
 
+# close_probe UNTIL TIMELINE: from the stop (the clients PING every connection once more,
+# then close them all), asks the server over TCP for its client count every 0.1 s until the
+# file UNTIL exists, one line per answer in TIMELINE (ms since the stop, ms waited, clients);
+# prints the longest wait for an answer (how long the event loop kept others waiting) and
+# when the server had let every RDMA client go.
+close_probe() {
+    local until=$1 timeline=$2 worst=0 worst_at=0 n=0 t0 t dt cc gone_after=-
+    t0=$(date +%s%N)
+    while [ ! -e "$until" ]; do
+        t=$(date +%s%N)
+        cc=$(timeout 300 "$CLI912" -h 127.0.0.1 -p "$PORT" INFO clients 2>/dev/null | tr -d '\r' | sed -n 's/^connected_clients://p')
+        dt=$(( ($(date +%s%N) - t) / 1000000 )) n=$((n + 1))
+        echo "$(( (t - t0) / 1000000 )) $dt ${cc:-?}" >> "$timeline"
+        [ "$dt" -gt "$worst" ] && worst=$dt worst_at=$(( (t - t0) / 1000000000 ))
+        [ "$gone_after" = - ] && [ "${cc:-9}" -le 1 ] && gone_after=$(( ($(date +%s%N) - t0) / 1000000000 ))
+        sleep 0.1
+    done
+    echo "after the stop: longest wait for the server's answer $worst ms (asked at $worst_at s; $n asked), every client let go after $gone_after s"
+}
+
 # idle_capacity N MODULE OUTDIR: the case; prints "idle-capacity ..." lines, status 0
 # when all N answered both PINGs and the server survived.
 idle_capacity() {
@@ -83,7 +103,12 @@ idle_capacity() {
     echo "idle-capacity $name: held ${held:-0} of $n (at most $peak up at once); per connection: server RSS $(per_conn "${rss:-0}" "$rss0" "${held:-0}") KiB," \
         "VmPin $(per_conn "${pin:-0}" "$pin0" "${held:-0}") KiB, fds $(per_conn "${fds:-0}" "$fd0" "${held:-0}")," \
         "maps $(per_conn "${maps:-0}" "$map0" "${held:-0}"); client RSS $(per_conn "${crss:-0}" 0 "${held:-0}") KiB"
+    local probe_stop="$out/$name.probe-stop" probe comp0 wake0
+    comp0=$(info_field rdma rdma_completions) wake0=$(info_field rdma rdma_completion_wakeups)
+    rm -f "$probe_stop"
     touch "$stop"
+    rm -f "$out/$name.timeline"
+    close_probe "$probe_stop" "$out/$name.timeline" > "$out/$name.probe" & probe=$!
     local rc=0
     for c in "${cpids[@]}"; do
         for i in $(seq 1 600); do kill -0 "$c" 2>/dev/null || break; sleep 1; done
@@ -97,6 +122,12 @@ idle_capacity() {
     grep -E 'RDMA|maxclients|max number|file descriptors|open files' "$SERVER_LOG" | grep -v 'listening on' | head -n 12
     grep -E 'crashed by signal|Accessing address|ASSERTION' "$SERVER_LOG" | head -n 3
     if server_alive; then echo "server alive after the run (answered a PING after $ALIVE_AFTER s)"; else echo "SERVER DIED"; rc=1; fi
+    # (until every client is let go, at most 120 s more)
+    for i in $(seq 1 120); do cc=$(info_field clients connected_clients); [ "${cc:-9}" -le 1 ] && break; sleep 1; done
+    touch "$probe_stop"; wait "$probe"; cat "$out/$name.probe"
+    # ours: the completions the event loop polled from the stop on (the second PINGs: 2 or 3
+    # a connection; a QP flushed at its teardown: 256 more)
+    [ -n "$comp0" ] && echo "INFO rdma from the stop on: completions +$(( $(info_field rdma rdma_completions) - comp0 )), wake-ups +$(( $(info_field rdma rdma_completion_wakeups) - wake0 ))"
     dmesg 2>/dev/null | grep -iE 'oom|killed process|rxe' | tail -n 5
     stop_all_servers
     return $rc

@@ -296,6 +296,7 @@ run_case "ours doctor: all good where RDMA works" case_doctor
 # connections. Bound: 10 s (measured 1-2 s in the guest, io-threads 4, writing).
 case_dead_peer_sigkill() {
     start_server deadpeer "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --io-threads 4 || return 1
+    local pin0; pin0=$(sed -n 's/^VmPin:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$SERVER_PID/status")
     "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -c 50 -n 100000000 -t set -q > /dev/null 2>&1 &
     local bp=$! i n t0
     for i in $(seq 1 50); do [ "$(rdma_info connected_clients)" = 50 ] && break; sleep 0.2; done
@@ -306,6 +307,11 @@ case_dead_peer_sigkill() {
     echo "# 50 connections of a SIGKILLed client: $n left after $((SECONDS - t0)) s"
     expect_eq "RDMA clients 10 s after SIGKILL" "$n" 0 || return 1
     expect_eq "INFO clients agrees (only this asker)" "$("$CLI912" -h 127.0.0.1 -p "$PORT" INFO clients | tr -d '\r' | sed -n 's/^connected_clients://p')" 1 || return 1
+    # their teardown ran on the rdma-release thread (docs/server-abi.md §4.4): all of it, and
+    # every page they pinned is unpinned
+    for i in $(seq 1 50); do n=$(rdma_info releasing_connections); [ "$n" = 0 ] && break; sleep 0.2; done
+    expect_eq "INFO rdma: releasing_connections 10 s later" "$n" 0 || return 1
+    expect_eq "VmPin (KiB) back to before the clients" "$(sed -n 's/^VmPin:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$SERVER_PID/status")" "$pin0" || return 1
     server_alive
 }
 run_case "ours dead peers: a SIGKILLed client's 50 connections are closed within 10 s" case_dead_peer_sigkill

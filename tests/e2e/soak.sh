@@ -35,10 +35,17 @@ rdma_clients() {   # INFO rdma for ours; for the C module, connected clients min
         echo $(( $("$CLI912" -h 127.0.0.1 -p "$PORT" INFO clients | tr -d '\r' | sed -n 's/^connected_clients://p') - 1 ))
     fi
 }
-settle() {  # waits up to 30 s for every RDMA client to be gone
+settle() {  # waits up to 30 s for every RDMA client to be gone (ours: and released)
     local i
-    for i in $(seq 1 60); do [ "$(rdma_clients)" = 0 ] && return 0; sleep 0.5; done
+    for i in $(seq 1 60); do [ "$(rdma_clients)" = 0 ] && [ "$(releasing)" = 0 ] && return 0; sleep 0.5; done
     return 1
+}
+releasing() {  # ours: closed connections the rdma-release thread has yet to free
+    if [ "$IMPL" = ours ]; then
+        "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_releasing_connections://p'
+    else
+        echo 0
+    fi
 }
 bg() { "$@" > /dev/null 2>&1 & BGPIDS+=($!); }
 
