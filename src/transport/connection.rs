@@ -515,16 +515,26 @@ pub(crate) fn teardown(c: &HostedConn) {
         let mut g = c.inner.lock();
         (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())
     };
-    let Some(ep) = ep else { return };
+    let Some(mut ep) = ep else { return };
     // The id lives on until the release runs, and a CM event for it (a late
     // DISCONNECTED) carries its context: a key that a new connection may own by then.
     ep.id().set_context(super::listener::NO_CONNECTION_KEY);
+    // Here, on the thread that reads the CM events: the QP out of the id, its number
+    // kept from new QPs until it is retired.
+    ep.begin_close();
+    /// Counts the release as done however the job ends.
+    struct Released;
+    impl Drop for Released {
+        fn drop(&mut self) {
+            STATS.releasing.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     stats::add(&STATS.releasing, 1);
     worker::RELEASE.submit(move || {
+        let _done = Released;
         ep.close();
         // (a buffer prepared for it holds its own reference to the protection domain)
         drop((prepared, preparing));
-        STATS.releasing.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
 }
 

@@ -141,6 +141,9 @@ impl<T: Clone> KeyedQueue<T> {
     fn pop(&mut self) -> Option<T> {
         while let Some((key, item)) = self.order.pop_front() {
             if self.queued.remove(&key) {
+                if self.queued.is_empty() {
+                    self.order.clear();
+                }
                 return Some(item);
             }
         }

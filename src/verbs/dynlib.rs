@@ -65,6 +65,7 @@ function_table! {
         fn ibv_ack_cq_events(*mut ibv_cq, u32) -> ();
         fn ibv_fork_init() -> c_int;
         fn ibv_modify_qp(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+        fn ibv_destroy_qp(*mut ibv_qp) -> c_int;
         fn ibv_query_device(*mut ibv_context, *mut ibv_device_attr) -> c_int;
     }
 }

@@ -111,8 +111,11 @@ pub enum Completion {
 
 pub struct Endpoint {
     id: ManuallyDrop<CmId>,
-    /// Shared with RX buffers being prepared off the event loop ([`RxPreparation`]):
-    /// the domain is freed by whichever drops last, after every region on it.
+    /// The QP once [`begin_close`](Self::begin_close) took it out of the id; null before.
+    qp_taken: *mut ibv_qp,
+    /// Shared with RX buffers being prepared off the event loop ([`RxPreparation`]) and
+    /// with released TX buffers ([`ReleasedTx`]): the domain is freed by whichever
+    /// drops last, after every region on it.
     pd: Option<Arc<ProtectionDomain>>,
     /// The completion channel and CQ: this endpoint's own (destroyed in Drop), or those
     /// of `shared`, which it only uses.
@@ -203,6 +206,7 @@ impl Endpoint {
         LIVE_ENDPOINTS.fetch_add(1, Ordering::Relaxed); // until Drop
         let mut ep = Endpoint {
             id: ManuallyDrop::new(id),
+            qp_taken: std::ptr::null_mut(),
             pd: None,
             comp_channel: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
@@ -368,7 +372,28 @@ impl Endpoint {
     }
 
     fn qp(&self) -> *mut ibv_qp {
-        self.id.raw().qp
+        if self.qp_taken.is_null() {
+            self.id.raw().qp
+        } else {
+            self.qp_taken
+        }
+    }
+
+    /// Destroys the QP (once; the id's, or the one [`begin_close`](Self::begin_close)
+    /// took out of it).
+    ///
+    /// # Safety
+    /// Nothing may post to the QP afterwards.
+    unsafe fn destroy_qp(&mut self) {
+        let qp = match std::mem::replace(&mut self.qp_taken, std::ptr::null_mut()) {
+            taken if !taken.is_null() => taken,
+            _ => self.id.take_qp(),
+        };
+        if !qp.is_null() {
+            // SAFETY: per the contract; it was created on this endpoint's id, and neither
+            // the id nor `qp_taken` names it any more.
+            unsafe { (loaded().ibv_destroy_qp)(qp) };
+        }
     }
 
     fn sq_room(&self) -> u64 {
@@ -735,6 +760,21 @@ impl Endpoint {
         self.id.disconnect();
     }
 
+    /// The first step of closing, for an endpoint whose QP is destroyed later on
+    /// another thread ([`close`](Self::close)); on the thread that reads its CM events,
+    /// after the last post. Takes the QP out of the id, so that librdmacm, reading a
+    /// late CM event of the id (it moves the id's QP to the error state on REJECTED),
+    /// cannot meet the other thread destroying it; and marks its number as closing on
+    /// a shared CQ, so that no new QP takes it before it is retired.
+    pub fn begin_close(&mut self) {
+        if self.qp_taken.is_null() {
+            self.qp_taken = self.id.take_qp();
+        }
+        if let Some(a) = self.shared.as_ref() {
+            a.mark_closing();
+        }
+    }
+
     /// Ends the connection for good: destroys the QP, then disconnects (the peer sees
     /// DISCONNECTED), then frees the rest. In this order the receives still posted
     /// (256) are not completed into the CQ: `rdma_disconnect` moves a QP it still has
@@ -743,9 +783,9 @@ impl Endpoint {
     /// §4.6, teardown); a QP destroyed without passing through the error state is not
     /// flushed under Soft-RoCE, and where a device does flush it, its completions are
     /// dropped as those of a retired QP.
-    pub fn close(self) {
+    pub fn close(mut self) {
         // SAFETY: `self` is consumed: nothing posts to the QP again.
-        unsafe { self.id.destroy_qp() };
+        unsafe { self.destroy_qp() };
         self.id.disconnect();
     }
 
@@ -768,9 +808,10 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         LIVE_ENDPOINTS.fetch_sub(1, Ordering::Relaxed);
         let l = loaded();
-        // SAFETY: teardown in reverse order of creation. The QP is destroyed with the
-        // id (CmId's Drop) before the CQ, MRs and PD it uses; nothing is used after.
+        // SAFETY: teardown in reverse order of creation. The QP is destroyed first, then
+        // the id, before the CQ, MRs and PD the QP used; nothing is used after.
         unsafe {
+            self.destroy_qp();
             ManuallyDrop::drop(&mut self.id);
             self.tx.clear();
             for mr in [self.rx_mr, self.ctrl_mr] {
@@ -788,7 +829,8 @@ impl Drop for Endpoint {
             }
         }
         // Last: the protection domain, once nothing made on it here is left (a buffer
-        // still being prepared holds its own reference).
+        // still being prepared, or a released TX buffer not freed yet, holds its own
+        // reference).
         self.pd = None;
     }
 }

@@ -22,7 +22,9 @@ fn not_loaded(op: VerbsOp) -> VerbsError {
 pub struct EventChannel(NonNull<rdma_event_channel>);
 
 // SAFETY: an event channel is a kernel fd plus plain data; librdmacm allows its use
-// from any thread, and we never use one from two threads at once.
+// from any thread. Events are read on one thread only; another may destroy or
+// disconnect an id of the channel meanwhile (the connections' teardown on
+// `rdma-release`), which librdmacm and the kernel serialise per id.
 unsafe impl Send for EventChannel {}
 unsafe impl Sync for EventChannel {}
 
@@ -274,15 +276,16 @@ impl CmId {
 }
 
 impl CmId {
-    /// Destroys the id's QP now, ahead of the id (`Drop` then skips it).
-    ///
-    /// # Safety
-    /// Nothing may post to the QP or use it afterwards.
-    pub unsafe fn destroy_qp(&self) {
-        if !self.raw().qp.is_null() {
-            // SAFETY: per the contract; librdmacm clears `qp`, so it is destroyed once.
-            unsafe { (loaded().rdma_destroy_qp)(self.as_ptr()) };
-        }
+    /// Takes the QP out of the id: from here on librdmacm does not touch it (it moves
+    /// an id's QP to the error state itself while it reads some CM events, and in
+    /// `rdma_disconnect`), and `Drop` does not destroy it. The caller owns it and
+    /// destroys it with `ibv_destroy_qp` before the id. That is all `rdma_destroy_qp`
+    /// would do: our QPs' CQs are always our own, never ones librdmacm made for the id.
+    /// Only on the thread that reads this id's CM events.
+    pub fn take_qp(&self) -> *mut ibv_qp {
+        // SAFETY: a plain field of the live id, which librdmacm reads only on the thread
+        // that reads its events (the one calling this) or in calls made on the id.
+        unsafe { std::mem::replace(&mut (*self.0.as_ptr()).qp, std::ptr::null_mut()) }
     }
 }
 

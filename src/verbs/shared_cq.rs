@@ -19,7 +19,9 @@
 //! (super::Endpoint::qp_num). A QP destroyed while completions of it may still be
 //! queued leaves its number *retired*: those completions are dropped by `poll` until
 //! the CQ has been seen empty, and a new QP that got the same number before then is
-//! refused (`EBUSY`), so a stale completion can never reach the wrong endpoint.
+//! refused (`EBUSY`), so a stale completion can never reach the wrong endpoint. A QP
+//! whose connection is closed but which is destroyed later, on another thread, is
+//! marked *closing* first, so that no gap is left between the two.
 //!
 //! [`QueueDepths::cqes`]: super::QueueDepths::cqes
 //! [`VerbsOp::AttachCq`]: super::VerbsOp::AttachCq
@@ -44,6 +46,9 @@ pub struct CqBudget {
     attached: u32,
     /// QPs destroyed since the CQ was last seen empty: their completions may be queued.
     retired: Vec<u32>,
+    /// QPs of closed connections that are still to be destroyed (on another thread):
+    /// not retired yet, but their numbers must not be taken meanwhile either.
+    closing: Vec<u32>,
 }
 
 impl CqBudget {
@@ -67,8 +72,19 @@ impl CqBudget {
         self.reserved = self.reserved.saturating_sub(cqes);
         self.attached = self.attached.saturating_sub(1);
         if let Some(n) = qp_num {
+            self.closing.retain(|&c| c != n);
             self.retired.push(n);
         }
+    }
+    /// The QP numbered `qp_num` is to be destroyed later, elsewhere: until it is retired
+    /// (at [`release`](Self::release)), a new QP of that number is refused as well.
+    pub fn mark_closing(&mut self, qp_num: u32) {
+        self.closing.push(qp_num);
+    }
+    /// Whether a new QP may take the number `qp_num`: no completion of an earlier QP of
+    /// that number can be queued, and none is still to be destroyed.
+    pub fn may_take(&self, qp_num: u32) -> bool {
+        !self.is_retired(qp_num) && !self.closing.contains(&qp_num)
     }
     /// Whether a completion of `qp_num` may be stale (its QP is gone).
     pub fn is_retired(&self, qp_num: u32) -> bool {
@@ -374,11 +390,17 @@ impl CqAttachment {
     /// The QP was created with number `n`. Refused while completions of an earlier QP
     /// of the same number may still be queued (they would reach this one).
     pub(super) fn set_qp_num(&mut self, n: u32) -> Result<()> {
-        if self.cq.budget().is_retired(n) {
+        if !self.cq.budget().may_take(n) {
             return Err(VerbsError::with(VerbsOp::AttachCq, libc::EBUSY));
         }
         self.qp_num = Some(n);
         Ok(())
+    }
+    /// The QP is to be destroyed later, on another thread ([`CqBudget::mark_closing`]).
+    pub(super) fn mark_closing(&self) {
+        if let Some(n) = self.qp_num {
+            self.cq.budget().mark_closing(n);
+        }
     }
 }
 
@@ -428,6 +450,26 @@ mod tests {
         b.release(32, None);
         assert!(!b.is_retired(0));
         assert_eq!(b.free(), 64);
+    }
+
+    #[test]
+    fn a_closing_qp_number_cannot_be_taken_until_retired_and_drained() {
+        let mut b = CqBudget::new(1024);
+        assert!(b.reserve(512));
+        assert!(b.may_take(7));
+        b.mark_closing(7); // the connection closed; its QP is destroyed later
+        assert!(!b.may_take(7));
+        assert!(!b.is_retired(7), "its completions are dropped by owner, not filtered");
+        b.drained(b.retired_count()); // a poll that finds the CQ empty changes nothing
+        assert!(!b.may_take(7), "not destroyed yet: the number is still the old QP's");
+        let before = b.retired_count();
+        b.release(512, Some(7)); // destroyed now
+        assert!(b.is_retired(7) && !b.may_take(7));
+        b.drained(before);
+        assert!(!b.may_take(7), "retired after the poll began");
+        b.drained(b.retired_count());
+        assert!(b.may_take(7));
+        assert_eq!(b.free(), 1024);
     }
 
     #[test]
