@@ -297,6 +297,7 @@ impl Transport for RdmaConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_pending_queue_serves_each_queued_key_once_in_order_of_arrival() {
@@ -324,7 +325,6 @@ mod tests {
         assert!(q.order.is_empty());
         assert_eq!(q.pop(), None);
     }
-    use std::time::Duration;
 
     #[test]
     fn the_log_limit_writes_ten_lines_a_second_and_counts_the_rest() {

@@ -385,9 +385,10 @@ impl Endpoint {
     /// # Safety
     /// Nothing may post to the QP afterwards.
     unsafe fn destroy_qp(&mut self) {
-        let qp = match std::mem::replace(&mut self.qp_taken, std::ptr::null_mut()) {
-            taken if !taken.is_null() => taken,
-            _ => self.id.take_qp(),
+        let qp = if self.qp_taken.is_null() {
+            self.id.take_qp()
+        } else {
+            std::mem::replace(&mut self.qp_taken, std::ptr::null_mut())
         };
         if !qp.is_null() {
             // SAFETY: per the contract; it was created on this endpoint's id, and neither
