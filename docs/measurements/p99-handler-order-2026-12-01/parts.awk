@@ -7,7 +7,7 @@
     else part = "kernel: other (syscall entry, scheduling, memory)"
   }
   else if (dso == "valkey-server") part = "valkey-server"
-  else if (dso == "valkey-rdma.so" || dso == "librdma.so") part = "the module"
+  else if (dso == "valkey-rdma.so" || dso ~ /^librdma[-.]/) part = "the module"
   else if (dso ~ /librxe|libibverbs|librdmacm/) part = "rdma-core (user space)"
   else if (dso ~ /libc/) part = "libc"
   else part = "other"
