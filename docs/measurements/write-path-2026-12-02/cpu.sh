@@ -3,25 +3,21 @@
 # cpu-clock samples of the server process), for the C module and builds of ours
 # (/tmp/ab/librdma-BUILD.so), the order rotating each round. The workload is
 # valkey-rdma-bench (the --bench client) with CONNS (32), PIPELINE (1), SIZE (64 B) and
-# REQUESTS (60000). Runs in the guest, from /work/main, e.g.:
-#   testbed/run-in-vm.sh -t 1200 -- 'bash docs/measurements/write-path-2026-12-02/cpu.sh 3 26fdd20 wr'
+# REQUESTS (60000). Runs in the guest (from its writable run folder), e.g.:
+#   testbed/run-in-vm.sh -t 1200 -- "CONNS=4 SIZE=4096 REQUESTS=10000 bash /work/main/docs/measurements/write-path-2026-12-02/cpu.sh 3 26fdd20 wr de6ec3d"
 export E2E_WORK=$PWD
 . /work/main/tests/e2e/lib.sh
 HERE=/work/main/docs/measurements
 AWK=$HERE/p99-handler-order-2026-12-01/parts.awk
 B=/work/main/target/release/valkey-rdma-bench
 S=$VALKEY_912/src/valkey-server
-C=$VALKEY_912/src/valkey-rdma.so
 PERF=/usr/bin/perf
 ROUNDS=${1:-3}; shift
 P=${PIPELINE:-1} N=${REQUESTS:-60000} CONNS=${CONNS:-32} SIZE=${SIZE:-64}
-builds=("$C")
-for b in "$@"; do builds+=("/tmp/ab/librdma-$b.so"); done
-k_all=${#builds[@]}
+. "$HERE/rotate.sh"
+modules "$@"
 for round in $(seq 1 "$ROUNDS"); do
-  k=$(( (round - 1) % k_all ))
-  for j in $(seq 0 $((k_all - 1))); do
-    m=${builds[$(( (k + j) % k_all ))]}
+  for m in $(rotation "$round"); do
     tag=$(basename "$m" .so)
     start_server "cpu-$tag-$round" "$S" --loadmodule "$m" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ > /dev/null || { echo "no server"; continue; }
     "$B" -h "$RDMA_ADDR" -p "$PORT" -c "$CONNS" -P "$P" -t set,get -d "$SIZE" -n 2000 -q > /dev/null 2>&1   # warm-up
