@@ -654,8 +654,8 @@ impl Endpoint {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS));
         }
         // Only the requests this write uses are built: most writes are one request, and
-        // zeroing all MAX_WRS_PER_WRITE of them (2.5 KiB with their scatter lists) cost
-        // more than building the one.
+        // zeroing all MAX_WRS_PER_WRITE of them (2.5 KiB with their scatter lists) for
+        // every reply was work no request needed (docs/measurements/write-path-2026-12-02).
         const MAX: usize = tx_plan::MAX_WRS_PER_WRITE;
         let mut sges = [const { MaybeUninit::<[ibv_sge; tx_plan::SGES_PER_WR]>::uninit() }; MAX];
         let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; MAX];
