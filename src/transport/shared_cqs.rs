@@ -13,13 +13,14 @@
 //! The per-wake-up budget bounds the main thread's time in one CQ; what it leaves is
 //! polled again from `process_pending_data`, after the other events had their turn.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::connection;
 use super::knobs::{self, Knob};
 use super::stats::{self, STATS};
-use super::{live, lock, log_limited, RdmaConnection};
+use super::{live, lock, log_limited, AddressHash, HostedConn, RdmaConnection};
 use crate::verbs::{
     CmId, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion, MAX_SHARED_CQES,
 };
@@ -49,7 +50,7 @@ struct Shared {
     cqs: Vec<Arc<SharedCq>>,
     /// Per CQ: the key of the live connection that owns each QP number (QP numbers are
     /// unique per device, and a CQ is on one device).
-    owners: Vec<HashMap<u32, usize>>,
+    owners: Vec<OwnerMap>,
     /// Per CQ: the last poll stopped at the budget with completions left.
     left: Vec<bool>,
 }
@@ -111,7 +112,7 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
         return None;
     }
     s.cqs.push(cq);
-    s.owners.push(HashMap::new());
+    s.owners.push(OwnerMap::default());
     s.left.push(false);
     Some(i)
 }
@@ -155,11 +156,16 @@ pub(crate) fn any_left() -> bool {
 
 /// Polls again each CQ whose last poll the budget stopped; returns how many.
 pub(crate) fn poll_left() -> usize {
-    let left: Vec<usize> = lock(&SHARED).left.iter().enumerate().filter(|(_, &l)| l).map(|(i, _)| i).collect();
-    for &i in &left {
-        poll(i, Then::RunHandlers);
+    // (called at every turn of the event loop that has pending work: no list is built)
+    let cqs = lock(&SHARED).left.len();
+    let mut polled = 0;
+    for i in 0..cqs {
+        if lock(&SHARED).left[i] {
+            poll(i, Then::RunHandlers);
+            polled += 1;
+        }
     }
-    left.len()
+    polled
 }
 
 /// Shared CQs made so far (INFO).
@@ -174,8 +180,8 @@ fn poll(cq: usize, then: Then) -> bool {
     let Some(q) = lock(&SHARED).cqs.get(cq).cloned() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
-    let mut wcs = Vec::new();
-    let left = match q.poll(budget, |wc| wcs.push(wc)) {
+    let mut s = Scratch::take();
+    let left = match q.poll(budget, |wc| s.polled.push(wc)) {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.
@@ -183,102 +189,220 @@ fn poll(cq: usize, then: Then) -> bool {
             false
         }
     };
-    stats::add(&STATS.completions, wcs.len() as u64);
+    stats::add(&STATS.completions, s.polled.len() as u64);
     stats::add(&STATS.budget_hits, left.into());
-    let groups = {
-        let mut s = lock(&SHARED);
-        s.left[cq] = left;
-        group_by_owner(&s.owners[cq], &wcs)
-    };
+    {
+        let mut shared = lock(&SHARED);
+        shared.left[cq] = left;
+        s.routes.route(&shared.owners[cq], &s.polled);
+    }
     // Every completion reaches its core before any handler runs: a handler may process
     // events while it blocks (a long script), and a poll nested there must find nothing
     // of this one still undelivered, or a connection would see later bytes first.
-    let order = handler_order(&groups);
-    let mut got = Vec::with_capacity(groups.len());
-    for g in &groups {
-        got.push(live::get(g.key).inspect(|c| connection::on_shared_completions(c, &g.wcs)));
+    s.routes.handler_order(&mut s.order);
+    live::get_each(s.routes.groups.iter().map(|g| g.key), &mut s.conns);
+    for (g, conn) in s.conns.iter().enumerate() {
+        if let Some(c) = conn {
+            connection::on_shared_completions(c, s.routes.completions_of(g));
+        }
     }
-    for c in order.into_iter().filter_map(|i| got[i].take()) {
+    for &g in &s.order {
+        let Some(c) = s.conns[g].take() else { continue };
         match then {
             Then::RunHandlers => connection::run(&c),
             Then::Queue => connection::queue_if_due(&c),
         }
     }
+    s.put_back();
     left
 }
 
-/// The order in which the connections of one poll run their handlers (indices into
-/// `groups`, which are in order of each one's first completion): those that received
-/// something in reverse order of their first receive, then the rest (send completions
-/// only: a reopened window) as they came.
-///
-/// Why reverse: the server queues a client with a new reply at the head of its
-/// pending-write list and writes that list from the head before it sleeps
-/// (`putClientInPendingWriteQueue` and `handleClientsWithPendingWrites` in Valkey's
-/// networking.c). Handlers run in arrival order would have the request that arrived
-/// first answered last; one poll can hold a request from every busy client, and rxe's
-/// send doorbell is a system call, so that spread latencies from one write to the whole
-/// batch (docs/protocol.md §4.6). Run in reverse, the replies go out in the order the
-/// requests arrived, as they do when each connection has a wake-up of its own.
-fn handler_order(groups: &[Group]) -> Vec<usize> {
-    let mut receivers: Vec<(usize, usize)> =
-        groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))).collect();
-    receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
-    let others = groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g);
-    receivers.into_iter().map(|(_, g)| g).chain(others).collect()
+/// What one poll works in. Kept between polls (per thread, one for each poll in
+/// progress: a handler may run a nested poll), so that once its vectors have grown to
+/// the largest poll seen, a wake-up allocates nothing; each poll used to build new
+/// vectors and a hash map, a cost that falls on few requests when a wake-up brings few
+/// completions (4 busy clients: about 3; docs/measurements/poll-scratch-2026-12-02).
+#[derive(Default)]
+struct Scratch {
+    /// The completions of the poll, in arrival order.
+    polled: Vec<WorkCompletion>,
+    routes: Routes,
+    /// Indices into `routes.groups`, in the order the handlers run.
+    order: Vec<usize>,
+    /// Per group: its connection, if still live; emptied before the scratch is put back,
+    /// so that a kept scratch holds no connection.
+    conns: Vec<Option<Arc<HostedConn>>>,
 }
 
-/// One connection's completions of one poll, in arrival order.
+thread_local! {
+    static SCRATCHES: RefCell<Vec<Scratch>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Scratch {
+    fn take() -> Scratch {
+        SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
+    }
+
+    fn put_back(mut self) {
+        self.polled.clear();
+        self.routes.clear();
+        self.order.clear();
+        self.conns.clear();
+        SCRATCHES.with_borrow_mut(|kept| kept.push(self));
+    }
+}
+
+/// One poll's completions by the connection that owns their QP: `groups` in the order
+/// each connection first appears, and each group's completions in arrival order.
+#[derive(Default)]
+struct Routes {
+    groups: Vec<Group>,
+    /// The completions, group after group: group `g`'s end where group `g + 1`'s begin.
+    by_group: Vec<WorkCompletion>,
+    /// Connection key → its index in `groups`.
+    group_of_key: HashMap<usize, usize, AddressHash>,
+    /// (group, index in the poll) of each completion that has an owner, sorted.
+    slots: Vec<(usize, usize)>,
+    /// For `handler_order`: (first receive, group) of the groups that received.
+    receivers: Vec<(usize, usize)>,
+}
+
+/// One connection's place in one poll.
 struct Group {
     key: usize,
-    wcs: Vec<WorkCompletion>,
     /// Where its first receive came in the poll, if it had one.
     first_receive: Option<usize>,
+    /// Where its completions end in `Routes::by_group`.
+    end: usize,
 }
 
-/// The completions by the connection that owns their QP, in the order each connection
-/// first appears and in arrival order within each; those of QPs with no owner (a closed
-/// connection) are dropped.
-fn group_by_owner(owners: &HashMap<u32, usize>, wcs: &[WorkCompletion]) -> Vec<Group> {
-    let mut groups: Vec<Group> = Vec::new();
-    let mut at: HashMap<usize, usize> = HashMap::new();
-    for (i, wc) in wcs.iter().enumerate() {
-        let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-        let g = *at.entry(key).or_insert_with(|| {
-            groups.push(Group { key, wcs: Vec::new(), first_receive: None });
-            groups.len() - 1
-        });
-        groups[g].wcs.push(*wc);
-        if wc.is_receive() {
-            groups[g].first_receive.get_or_insert(i);
+impl Routes {
+    fn clear(&mut self) {
+        self.groups.clear();
+        self.by_group.clear();
+        self.group_of_key.clear();
+        self.slots.clear();
+        self.receivers.clear();
+    }
+
+    /// Sorts `wcs` by the connection that owns their QP, in the order each connection
+    /// first appears and in arrival order within each; those of QPs with no owner (a
+    /// closed connection) are dropped.
+    fn route(&mut self, owners: &OwnerMap, wcs: &[WorkCompletion]) {
+        self.clear();
+        for (i, wc) in wcs.iter().enumerate() {
+            let Some(&key) = owners.get(&wc.qp_num()) else { continue };
+            let groups = &mut self.groups;
+            let g = *self.group_of_key.entry(key).or_insert_with(|| {
+                groups.push(Group { key, first_receive: None, end: 0 });
+                groups.len() - 1
+            });
+            if wc.is_receive() {
+                groups[g].first_receive.get_or_insert(i);
+            }
+            self.slots.push((g, i));
+        }
+        // (group, index) pairs are distinct: unstable sorting keeps arrival order within
+        // a group, and allocates nothing.
+        self.slots.sort_unstable();
+        self.by_group.extend(self.slots.iter().map(|&(_, i)| wcs[i]));
+        for (at, &(g, _)) in self.slots.iter().enumerate() {
+            self.groups[g].end = at + 1;
         }
     }
-    groups
+
+    fn completions_of(&self, g: usize) -> &[WorkCompletion] {
+        let start = if g == 0 { 0 } else { self.groups[g - 1].end };
+        &self.by_group[start..self.groups[g].end]
+    }
+
+    /// The order in which the connections of one poll run their handlers (indices into
+    /// `groups`): those that received something in reverse order of their first
+    /// receive, then the rest (send completions only: a reopened window) as they came.
+    ///
+    /// Why reverse: the server queues a client with a new reply at the head of its
+    /// pending-write list and writes that list from the head before it sleeps
+    /// (`putClientInPendingWriteQueue` and `handleClientsWithPendingWrites` in Valkey's
+    /// networking.c). Handlers run in arrival order would have the request that arrived
+    /// first answered last; one poll can hold a request from every busy client, and
+    /// rxe's send doorbell is a system call, so that spread latencies from one write to
+    /// the whole batch (docs/protocol.md §4.6). Run in reverse, the replies go out in the
+    /// order the requests arrived, as they do when each connection has a wake-up of its
+    /// own.
+    fn handler_order(&mut self, order: &mut Vec<usize>) {
+        let groups = &self.groups;
+        self.receivers.clear();
+        self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
+        self.receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+        order.clear();
+        order.extend(self.receivers.iter().map(|&(_, g)| g));
+        order.extend(groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g));
+    }
 }
+
+/// Per CQ: QP number → key of the connection that owns it.
+type OwnerMap = HashMap<u32, usize, AddressHash>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn owners(pairs: &[(u32, usize)]) -> OwnerMap {
+        pairs.iter().copied().collect()
+    }
+
+    fn routed(routes: &Routes) -> Vec<(usize, Vec<u64>)> {
+        (0..routes.groups.len())
+            .map(|g| (routes.groups[g].key, routes.completions_of(g).iter().map(|wc| wc.wr_id()).collect()))
+            .collect()
+    }
+
     #[test]
     fn completions_go_to_their_owners_in_order_and_those_of_closed_connections_are_dropped() {
-        let owners: HashMap<u32, usize> = [(10, 0xa000), (11, 0xb000), (12, 0xa000 + 0x40)].into_iter().collect();
+        let owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xa000 + 0x40)]);
         let wcs: Vec<WorkCompletion> = [(11, 1), (10, 2), (99, 3), (11, 4), (12, 5), (10, 6)]
             .into_iter()
             .map(|(qp, id)| WorkCompletion::received(qp, id))
             .collect();
-        let groups = group_by_owner(&owners, &wcs);
-        let seen: Vec<(usize, Vec<u64>)> =
-            groups.iter().map(|g| (g.key, g.wcs.iter().map(|wc| wc.wr_id()).collect())).collect();
-        assert_eq!(seen, vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
+        let mut routes = Routes::default();
+        routes.route(&owners, &wcs);
+        assert_eq!(routed(&routes), vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
+        // A kept scratch routes the next poll afresh.
+        routes.route(&owners, &wcs[4..]);
+        assert_eq!(routed(&routes), vec![(0xa040, vec![5]), (0xa000, vec![6])]);
+        routes.route(&owners, &[WorkCompletion::received(99, 7)]);
+        assert_eq!(routed(&routes), vec![]);
+    }
+
+    #[test]
+    fn routing_matches_a_plain_grouping_for_any_arrival_order() {
+        // Every sequence of up to 7 completions over 3 owned QPs and one closed one.
+        let owners = owners(&[(1, 0x1000), (2, 0x2000), (3, 0x3000)]);
+        let mut routes = Routes::default();
+        for len in 0..=7u32 {
+            for code in 0..4u32.pow(len) {
+                let qps: Vec<u32> = (0..len).map(|i| code / 4u32.pow(i) % 4 + 1).collect();
+                let wcs: Vec<WorkCompletion> =
+                    qps.iter().enumerate().map(|(i, &qp)| WorkCompletion::received(qp, i as u64)).collect();
+                let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
+                for wc in &wcs {
+                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
+                    match want.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, ids)) => ids.push(wc.wr_id()),
+                        None => want.push((key, vec![wc.wr_id()])),
+                    }
+                }
+                routes.route(&owners, &wcs);
+                assert_eq!(routed(&routes), want, "qps {qps:?}");
+            }
+        }
     }
 
     #[test]
     fn handlers_run_latest_request_first_so_that_replies_leave_in_arrival_order() {
         // qp 10 sent a reply earlier and then a request; 11 and 12 sent requests; 13
         // only had a write complete (its handler may write more).
-        let owners: HashMap<u32, usize> =
-            [(10, 0xa000), (11, 0xb000), (12, 0xc000), (13, 0xd000)].into_iter().collect();
+        let owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xc000), (13, 0xd000)]);
         let wcs = [
             WorkCompletion::sent(10, 1),
             WorkCompletion::sent(13, 2),
@@ -287,11 +411,30 @@ mod tests {
             WorkCompletion::received(12, 5),
             WorkCompletion::received(11, 6),
         ];
-        let groups = group_by_owner(&owners, &wcs);
-        let keys: Vec<usize> = handler_order(&groups).into_iter().map(|g| groups[g].key).collect();
+        let mut routes = Routes::default();
+        routes.route(&owners, &wcs);
+        let mut order = vec![7];
+        routes.handler_order(&mut order);
+        let keys: Vec<usize> = order.iter().map(|&g| routes.groups[g].key).collect();
         // requests arrived 11, 10, 12: handlers run 12, 10, 11, then 13
         assert_eq!(keys, vec![0xc000, 0xa000, 0xb000, 0xd000]);
-        assert_eq!(handler_order(&[]), Vec::<usize>::new());
+        routes.route(&owners, &[]);
+        routes.handler_order(&mut order);
+        assert_eq!(order, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_nested_poll_takes_a_scratch_of_its_own_and_both_are_kept() {
+        SCRATCHES.with_borrow_mut(Vec::clear);
+        let mut outer = Scratch::take();
+        outer.polled.push(WorkCompletion::received(1, 1));
+        let inner = Scratch::take();
+        assert!(inner.polled.is_empty(), "the nested poll must not see the outer one's completions");
+        inner.put_back();
+        outer.put_back();
+        assert_eq!(SCRATCHES.with_borrow(Vec::len), 2);
+        let again = Scratch::take();
+        assert!(again.polled.is_empty() && again.polled.capacity() > 0, "kept, emptied, its room reused");
     }
 
     #[test]
