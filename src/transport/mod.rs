@@ -339,8 +339,8 @@ mod tests {
 
     #[test]
     fn aligned_addresses_spread_over_the_low_bits_where_a_table_takes_its_bucket() {
-        // 4096 connection keys 64 bytes apart: without the final rotation the low 6 bits
-        // of every hash would be zero, and a table would use one bucket in 64.
+        // 4096 connection keys 64 bytes apart: without the final fold the low 6 bits of
+        // every hash would be zero, and a table would use one bucket in 64.
         use std::hash::BuildHasher;
         let buckets: HashSet<u64> = (0..4096u64)
             .map(|i| AddressHash::default().hash_one(0x7f00_0000_0000usize + i as usize * 64) & 0xfff)

@@ -243,10 +243,10 @@ impl Scratch {
         SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
     }
 
+    /// `routes` and `order` are cleared where they are filled; `polled` is pushed to,
+    /// and `conns` must not keep a connection alive.
     fn put_back(mut self) {
         self.polled.clear();
-        self.routes.clear();
-        self.order.clear();
         self.conns.clear();
         SCRATCHES.with_borrow_mut(|kept| kept.push(self));
     }
