@@ -12,7 +12,7 @@ GUEST_KROOT="$TESTBED/kernel"
 GUEST_INITRD="$TESTBED/kernel/initramfs-$(cat "$TESTBED_SCRIPTS/build-initramfs.sh" "$TESTBED_SCRIPTS/guest-init.sh" | sha1sum | cut -c1-12).cpio.gz"
 # The address rxe is given inside the guest (a dummy interface that exists only there).
 GUEST_RDMA_ADDR=${GUEST_RDMA_ADDR:-10.77.0.1}
-# Reference builds (layout other tools rely on; see README "Test bed").
+# Reference builds (layout other tools rely on; see docs/testbed.md).
 VALKEY_912="$TESTBED/valkey-9.1.2"
 VALKEY_811="$TESTBED/valkey-8.1.1"
 VALKEY_912_SYSJEMALLOC="$TESTBED/valkey-9.1.2-sysjemalloc"

@@ -4,7 +4,7 @@
 # the guest's NIC instead (run-in-vm.sh -w joins two guests by it). Server and clients then
 # both use ADDR; rxe loops same-GID traffic back internally. (rxe on lo accepts the link
 # but rdma_cm cannot resolve a route over it; rxe across network namespaces fails in
-# these kernels. See README "Test bed".)
+# these kernels. See docs/testbed.md.)
 set -e
 ADDR=${1:-10.77.0.1/24}
 if [ "${2:-}" = wire ]; then

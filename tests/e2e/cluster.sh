@@ -1,5 +1,5 @@
 #!/bin/bash
-# cluster.sh [--demo] - Valkey Cluster over RDMA (README "Valkey Cluster over RDMA").
+# cluster.sh [--demo] - Valkey Cluster over RDMA (docs/testbed.md).
 #
 # Three primaries and three replicas of the 9.1.2 reference server in this guest, each
 # loading the module with RDMA on its client port (TCP on the same port; the cluster
