@@ -14,6 +14,9 @@ pub struct ModuleArgs {
     pub port: Option<u16>,
     pub rx_size: Option<u32>,
     pub comp_vector: Option<i32>,
+    /// `max-pinned=BYTES`: the module's pinned-memory ceiling (default: derived from
+    /// `maxclients`, `rdma-rx-size`, the memory and `ulimit -l`).
+    pub max_pinned: Option<u64>,
 }
 
 /// The core configs as the server holds them after reading its configuration.
@@ -40,9 +43,10 @@ pub struct Settings {
     /// Module arguments to apply through CONFIG SET (the core configs then show them).
     pub set_bind: Option<String>,
     pub set_port: Option<u16>,
+    pub max_pinned: Option<u64>,
 }
 
-const KEYS: &str = "bind=ADDR, port=N, rx-size=BYTES, comp-vector=N";
+const KEYS: &str = "bind=ADDR, port=N, rx-size=BYTES, comp-vector=N, max-pinned=BYTES";
 
 /// A configuration the module refuses, with what to fix (its `Display` is the log line).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +127,8 @@ pub fn parse_module_args<S: AsRef<str>>(args: &[S]) -> Result<ModuleArgs, Config
                 out.rx_size = Some(parse_num(key, value, MIN_RX_SIZE as i64, MAX_RX_SIZE as i64)? as u32)
             }
             "comp-vector" | "comp_vector" => out.comp_vector = Some(parse_num(key, value, -1, 1024)? as i32),
+            // at least what one connection pins at the smallest rdma-rx-size
+            "max-pinned" | "max_pinned" => out.max_pinned = Some(parse_num(key, value, 1 << 20, i64::MAX)? as u64),
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
     }
@@ -228,6 +234,7 @@ pub fn merge(args: &ModuleArgs, core: &CoreConfig) -> Result<Settings, ConfigErr
         comp_vector: (comp_vector >= 0).then_some(comp_vector as u32),
         set_bind: (!args.bind.is_empty() && args.bind != core.bind).then(|| args.bind.join(" ")),
         set_port: args.port.filter(|&p| p != core.port),
+        max_pinned: args.max_pinned,
     })
 }
 
@@ -244,6 +251,7 @@ mod tests {
         assert_eq!(a.bind, vec!["10.0.0.1", "-::*", "*"]);
         assert_eq!(parse_module_args::<&str>(&[]).unwrap(), ModuleArgs::default());
         assert_eq!(parse_module_args(&["rx-size=65536"]).unwrap().rx_size, Some(65536));
+        assert_eq!(parse_module_args(&["max-pinned=2gb"]).unwrap().max_pinned, Some(2 << 30));
     }
 
     #[test]
@@ -254,6 +262,7 @@ mod tests {
             (vec!["rx-size=1k"], "out of range"),
             (vec!["rx-size=32mb"], "out of range"),
             (vec!["comp-vector=-2"], "out of range"),
+            (vec!["max-pinned=64kb"], "out of range"),
             (vec!["speed=fast"], "unknown module argument"),
             (vec!["6379"], "not KEY=VALUE"),
             (vec!["bind=rdma-host.example"], "not an IP address"),

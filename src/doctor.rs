@@ -210,6 +210,17 @@ pub fn memlock(clients: u64, rx_size: u32) -> Check {
     }
 }
 
+/// What a refused client's log line says to raise `ulimit -l` to: the memory one client
+/// pins at `rx_size` ([`verbs::pinned_bytes`], the layout the module registers), in KiB.
+pub fn memlock_hint(rx_size: u32) -> String {
+    let per = verbs::pinned_bytes(rx_size, crate::protocol::DEFAULT_RX_SIZE);
+    format!(
+        "the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, by at least {} KiB per client (rdma-rx-size {} KiB), or lower rdma-rx-size",
+        per.div_ceil(1024),
+        rx_size / 1024
+    )
+}
+
 /// `vm.max_map_count` against the memory mappings of `clients` connections: each RDMA
 /// connection maps its buffers (with guard pages) and the device's queues, so at the
 /// default 65530 a server holds 5,000 to 6,000 connections; beyond that the module
@@ -322,6 +333,17 @@ mod tests {
         assert_eq!(c.to_string(), "FAIL memlock: 64 KiB -> raise it");
         assert_eq!(c.log_line(), "RDMA: memlock: 64 KiB: raise it");
         assert_eq!(Check::ok("rdma_cm", "opens").to_string(), "OK   rdma_cm: opens");
+    }
+
+    #[test]
+    fn the_memlock_hint_follows_rdma_rx_size() {
+        // 16 MiB of RX, a 1 MiB TX buffer for the peer, the control slots: over 17 MiB
+        let big = memlock_hint(16 << 20);
+        let kib: u64 = big.split("at least ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+        assert!(kib > 17 * 1024 && kib < 18 * 1024, "{big}");
+        let small = memlock_hint(64 << 10);
+        let kib: u64 = small.split("at least ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+        assert!(kib > 1024 + 64 && kib < 1024 + 96, "{small}");
     }
 
     #[test]

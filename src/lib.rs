@@ -67,6 +67,21 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
     let accepts_per_cycle = ctx.config_get("max-new-connections-per-cycle").and_then(|v| v.parse().ok()).unwrap_or(10);
     let maxclients: i64 = ctx.config_get("maxclients").and_then(|v| v.parse().ok()).unwrap_or(10000);
     let (set_bind, set_port) = (settings.set_bind.clone(), settings.set_port);
+    let per_client = verbs::pinned_bytes(settings.rx_size, protocol::DEFAULT_RX_SIZE);
+    let ceiling = settings.max_pinned.unwrap_or_else(|| {
+        verbs::pinned::default_ceiling(per_client, maxclients.max(1) as u64, verbs::physical_memory())
+    });
+    verbs::pinned::set_ceiling(ceiling);
+    log::info!(
+        "RDMA: pinned-memory ceiling {} MiB ({}; a busy client pins up to {} KiB)",
+        ceiling >> 20,
+        if settings.max_pinned.is_some() {
+            "max-pinned"
+        } else {
+            "maxclients at rdma-rx-size, at most half the memory"
+        },
+        per_client >> 10
+    );
     transport::init_global(transport::Global { settings, accepts_per_cycle });
 
     let mut options = raw::VALKEYMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD;
@@ -76,13 +91,13 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
     ctx.set_module_options(options);
     // The knob is the end-to-end suite's way to reach the case where server.el is not
     // found at load (a server layout we cannot read), in which listeners closed before
-    // the first accept must stay open (review fault 6).
+    // the first accept must stay open.
     let skip_find = transport::knobs::value(transport::knobs::Knob::UnknownEventLoop).is_some();
     if skip_find || !server::symbols::find_event_loop(abi, maxclients) {
         log::debug!("RDMA: server.el not found yet; it is taken from the first accept");
     }
     server::register::<RdmaConnection>(abi)?;
-    server::start_timer::<RdmaConnection>(ctx, protocol::KEEPALIVE_MS as i64);
+    server::start_timer::<RdmaConnection>(protocol::KEEPALIVE_MS)?;
     server::register_info::<RdmaConnection>(ctx)?;
     // Module arguments become the core configs, so that CONFIG GET shows what is used
     // and initListeners picks them up. rdma-rx-size and rdma-completion-vector are

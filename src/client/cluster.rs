@@ -511,7 +511,9 @@ pub trait NodeConn {
     where
         Self: Sized;
     fn command(&mut self, args: &[&[u8]]) -> super::Result<Reply>;
-    fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> super::Result<Vec<Reply>>;
+    /// Appends one reply per command to `replies` as they arrive; after an error, those
+    /// already there are the commands known to have run.
+    fn pipeline(&mut self, cmds: &[Vec<&[u8]>], replies: &mut Vec<Reply>) -> super::Result<()>;
 }
 
 impl NodeConn for Client {
@@ -521,8 +523,8 @@ impl NodeConn for Client {
     fn command(&mut self, args: &[&[u8]]) -> super::Result<Reply> {
         Client::command(self, args)
     }
-    fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> super::Result<Vec<Reply>> {
-        Client::pipeline(self, cmds)
+    fn pipeline(&mut self, cmds: &[Vec<&[u8]>], replies: &mut Vec<Reply>) -> super::Result<()> {
+        Client::pipeline_into(self, cmds, replies)
     }
 }
 
@@ -562,7 +564,8 @@ impl Default for Retry {
 ///
 /// A command whose node fails is sent again (after a reload of the slot map): a
 /// command whose reply was lost may thus run twice (at least once, as other cluster
-/// clients that retry on connection errors).
+/// clients that retry on connection errors). A command whose reply arrived is never
+/// sent again, also when a later command of the same pipeline fails.
 pub struct ClusterClient<C: NodeConn = Client> {
     opts: Options,
     seeds: Vec<NodeAddr>,
@@ -619,9 +622,10 @@ impl<C: NodeConn> ClusterClient<C> {
     }
 
     /// Sends the commands as one pipeline per node and returns the replies in the
-    /// order of `cmds`. Commands redirected (or whose node failed) are sent again one
-    /// by one, in their order, once the map is reloaded. Refuses the whole pipeline,
-    /// sending nothing, when one command is cross-slot.
+    /// order of `cmds`. Commands redirected, and those of a failed node that got no
+    /// reply, are sent again one by one, in their order, once the map is reloaded (a
+    /// command that got its reply before the failure is not: it ran). Refuses the whole
+    /// pipeline, sending nothing, when one command is cross-slot.
     pub fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, ClusterError> {
         let slots = cmds.iter().map(|c| command_slot(c)).collect::<Result<Vec<_>, _>>()?;
         // one group per node, in order of first use; each keeps its commands' order
@@ -638,26 +642,24 @@ impl<C: NodeConn> ClusterClient<C> {
         let (mut moved, mut failed) = (None, None);
         for (node, group) in groups {
             let batch: Vec<Vec<&[u8]>> = group.iter().map(|&i| cmds[i].clone()).collect();
-            match self.call(&node, &batch) {
-                Ok(got) => {
-                    for (i, reply) in group.into_iter().zip(got) {
-                        match redirect_of(&reply, &node) {
-                            Some(r) => {
-                                if let Redirect::Moved { slot, to } = &r {
-                                    self.stats.moved += 1;
-                                    self.map.set_owner(*slot, to.clone());
-                                    moved = Some(to.clone());
-                                }
-                                again.push((i, Some(r)));
-                            }
-                            None => replies[i] = Some(reply),
+            let mut got = Vec::with_capacity(batch.len());
+            if self.call(&node, &batch, &mut got).is_err() {
+                self.stats.reconnects += 1;
+                failed = Some(node.clone());
+                // the commands without a reply; those with one ran and are kept below
+                again.extend(group[got.len().min(group.len())..].iter().map(|&i| (i, None)));
+            }
+            for (&i, reply) in group.iter().zip(got) {
+                match redirect_of(&reply, &node) {
+                    Some(r) => {
+                        if let Redirect::Moved { slot, to } = &r {
+                            self.stats.moved += 1;
+                            self.map.set_owner(*slot, to.clone());
+                            moved = Some(to.clone());
                         }
+                        again.push((i, Some(r)));
                     }
-                }
-                Err(_) => {
-                    self.stats.reconnects += 1;
-                    failed = Some(node);
-                    again.extend(group.into_iter().map(|i| (i, None)));
+                    None => replies[i] = Some(reply),
                 }
             }
         }
@@ -698,14 +700,15 @@ impl<C: NodeConn> ClusterClient<C> {
                 Some(Redirect::Ask { to, .. }) => (to.clone(), true),
                 None => (self.pick(slot, failures), false),
             };
+            let mut replies = Vec::with_capacity(2);
             let sent = if asking {
                 // ASKING lets the importing node serve the next command, once
-                self.call(&node, &[vec![b"ASKING"], args.to_vec()])
+                self.call(&node, &[vec![b"ASKING"], args.to_vec()], &mut replies)
             } else {
-                self.call(&node, &[args.to_vec()])
+                self.call(&node, &[args.to_vec()], &mut replies)
             };
             match sent {
-                Ok(mut replies) => {
+                Ok(()) => {
                     let reply = replies.pop().expect("call returns one reply per command");
                     let Some(redirect) = redirect_of(&reply, &node) else { return Ok(reply) };
                     if redirects == MAX_REDIRECTS {
@@ -753,9 +756,11 @@ impl<C: NodeConn> ClusterClient<C> {
         known[nth as usize % known.len()].clone()
     }
 
-    /// Sends `cmds` to `node` as one pipeline (connecting first if needed). On any
-    /// failure the connection is dropped: its stream may be out of step with its replies.
-    fn call(&mut self, node: &NodeAddr, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, ClusterError> {
+    /// Sends `cmds` to `node` as one pipeline (connecting first if needed), appending
+    /// the replies to `replies` as they arrive. On any failure the connection is
+    /// dropped (its stream may be out of step with its replies); the replies read
+    /// before it stay in `replies`.
+    fn call(&mut self, node: &NodeAddr, cmds: &[Vec<&[u8]>], replies: &mut Vec<Reply>) -> Result<(), ClusterError> {
         let addr = node.to_string();
         let conn = match self.conns.entry(addr.clone()) {
             Entry::Occupied(e) => e.into_mut(),
@@ -764,13 +769,14 @@ impl<C: NodeConn> ClusterClient<C> {
                 Err(error) => return Err(ClusterError::Node { addr, error }),
             },
         };
+        let before = replies.len();
         let sent = match cmds {
-            [one] => conn.command(one).map(|r| vec![r]),
-            _ => conn.pipeline(cmds),
+            [one] => conn.command(one).map(|r| replies.push(r)),
+            _ => conn.pipeline(cmds, replies),
         };
         match sent {
-            Ok(replies) if replies.len() == cmds.len() => Ok(replies),
-            Ok(_) => {
+            Ok(()) if replies.len() - before == cmds.len() => Ok(()),
+            Ok(()) => {
                 self.conns.remove(&addr);
                 Err(ClusterError::Node { addr, error: ClientError::Resp("wrong number of replies".into()) })
             }
@@ -783,7 +789,9 @@ impl<C: NodeConn> ClusterClient<C> {
 
     /// `CLUSTER SLOTS` from `node`, read.
     fn fetch_slots(&mut self, node: &NodeAddr) -> Result<SlotMap, ClusterError> {
-        let reply = self.call(node, &[vec![b"CLUSTER", b"SLOTS"]])?.pop().expect("one reply");
+        let mut replies = Vec::with_capacity(1);
+        self.call(node, &[vec![b"CLUSTER", b"SLOTS"]], &mut replies)?;
+        let reply = replies.pop().expect("one reply");
         SlotMap::from_reply(&reply, node).map_err(|error| ClusterError::Slots { addr: node.to_string(), error })
     }
 
@@ -992,6 +1000,9 @@ mod tests {
         log: Vec<(usize, Vec<u8>)>,
         /// Connection attempts, refused ones included.
         connects: usize,
+        /// Commands left before the connection that runs them breaks (the node lives
+        /// on and takes new connections): a connection lost mid-pipeline.
+        break_after: Option<usize>,
     }
 
     type Shared = Rc<RefCell<FakeCluster>>;
@@ -1063,6 +1074,8 @@ mod tests {
         cluster: Shared,
         node: usize,
         asking: bool,
+        /// Lost mid-pipeline (`break_after`): every later command fails.
+        broken: bool,
     }
 
     impl NodeConn for FakeConn {
@@ -1073,7 +1086,7 @@ mod tests {
             let node = c.nodes.iter().position(|n| n.up && n.addr.to_string() == addr);
             drop(c);
             match node {
-                Some(node) => Ok(FakeConn { cluster, node, asking: false }),
+                Some(node) => Ok(FakeConn { cluster, node, asking: false, broken: false }),
                 None => Err(ClientError::Refused(format!("{addr}: no node there"))),
             }
         }
@@ -1082,8 +1095,11 @@ mod tests {
             self.execute(args)
         }
 
-        fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> super::super::Result<Vec<Reply>> {
-            cmds.iter().map(|c| self.execute(c)).collect()
+        fn pipeline(&mut self, cmds: &[Vec<&[u8]>], replies: &mut Vec<Reply>) -> super::super::Result<()> {
+            for c in cmds {
+                replies.push(self.execute(c)?);
+            }
+            Ok(())
         }
     }
 
@@ -1094,8 +1110,16 @@ mod tests {
         fn execute(&mut self, args: &[&[u8]]) -> super::super::Result<Reply> {
             let mut c = self.cluster.borrow_mut();
             let me = self.node;
-            if !c.nodes[me].up {
+            if !c.nodes[me].up || self.broken {
                 return Err(ClientError::PeerGone);
+            }
+            if let Some(left) = c.break_after.as_mut() {
+                if *left == 0 {
+                    c.break_after = None;
+                    self.broken = true;
+                    return Err(ClientError::PeerGone);
+                }
+                *left -= 1;
             }
             let name = args[0].to_ascii_uppercase();
             c.log.push((me, name.clone()));
@@ -1110,7 +1134,7 @@ mod tests {
                 b"CLUSTER" if args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"SLOTS")) => {
                     return Ok(c.slots_reply())
                 }
-                b"GET" | b"SET" | b"MGET" => {}
+                b"GET" | b"SET" | b"MGET" | b"INCR" => {}
                 _ => return Ok(Reply::Error("ERR unknown command".into())),
             }
             let keys: Vec<&[u8]> = if name == b"MGET" { args[1..].to_vec() } else { vec![args[1]] };
@@ -1135,6 +1159,11 @@ mod tests {
             Ok(match name.as_slice() {
                 b"GET" => get(args[1]),
                 b"MGET" => Reply::Array(keys.iter().map(|k| get(k)).collect()),
+                b"INCR" => {
+                    let n = data.get(args[1]).map_or(0, |v| String::from_utf8_lossy(v).parse::<i64>().unwrap_or(0)) + 1;
+                    data.insert(args[1].to_vec(), n.to_string().into_bytes());
+                    Reply::Integer(n)
+                }
                 _ => {
                     data.insert(args[1].to_vec(), args[2].to_vec());
                     ok()
@@ -1389,5 +1418,18 @@ mod tests {
             Reply::Array(vec![bulk("x"), Reply::Nil]),
             "one hash tag, one slot"
         );
+    }
+
+    #[test]
+    fn a_pipeline_cut_mid_way_resends_only_the_commands_without_a_reply() {
+        let cluster = FakeCluster::start();
+        let mut c = connect();
+        // five INCRs of one key, one node; the connection breaks after three ran
+        let cmds: Vec<Vec<&[u8]>> = (0..5).map(|_| vec![&b"INCR"[..], b"counter"]).collect();
+        cluster.borrow_mut().break_after = Some(3);
+        let replies = c.pipeline(&cmds).unwrap();
+        assert_eq!(replies, (1..=5).map(Reply::Integer).collect::<Vec<_>>());
+        assert_eq!(c.command(&[b"GET", b"counter"]).unwrap(), bulk("5"), "each INCR ran once");
+        assert_eq!(c.stats.reconnects, 1);
     }
 }

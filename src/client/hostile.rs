@@ -25,6 +25,14 @@ pub const CASES: &[(&str, &str)] = &[
     ("bad-rkey", "RegisterXferMemory with a wrong key, then PING: the server's reply write fails"),
     ("violation-burst", "30 connections at once, each sending a 16-byte control message"),
     ("die", "half a command, then the process exits without disconnecting"),
+    ("feature-flood", "2000 SetClientFeature messages asking for unsupported features, then PING"),
+    ("register-wrap", "RegisterXferMemory whose region wraps past the end of the address space"),
+    ("rdma-read", "an RDMA READ of the server's RX buffer (the server must refuse it)"),
+    ("half-open-flood", "3000 connect requests (at most 90 s of them), none ever completed, held for --hold seconds"),
+    (
+        "grow-in-flight",
+        "infinite RNR retry, no receives re-posted, then 200 larger RX windows each with a reply in flight",
+    ),
 ];
 
 /// What happened, for the test to check.
@@ -34,6 +42,10 @@ pub enum Outcome {
     ClosedByServer,
     /// The connection was still open when the case ended.
     StillOpen,
+    /// The peer's device refused an RDMA READ of its memory (`rdma-read`).
+    ReadRefused,
+    /// An RDMA READ of the peer's memory completed (`rdma-read`): a leak.
+    ReadAllowed,
 }
 
 fn control(opcode: u16) -> [u8; CONTROL_MESSAGE_LEN] {
@@ -53,6 +65,23 @@ fn read_exact(s: &mut RdmaStream, buf: &mut [u8]) -> Result<()> {
 
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
 pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
+    if case == "half-open-flood" {
+        let small = Options { rx_size: 4096, ..Options::default() };
+        let until = std::time::Instant::now() + Duration::from_secs(90);
+        let (mut held, mut failed) = (Vec::new(), 0);
+        while held.len() + failed < 3000 && std::time::Instant::now() < until {
+            match RdmaStream::send_connect_request(addr, &small) {
+                Ok(h) => held.push(h),
+                Err(_) => failed += 1,
+            }
+        }
+        eprintln!(
+            "half-open-flood: {} connect requests sent and left unanswered, {failed} could not be sent",
+            held.len()
+        );
+        std::thread::sleep(hold);
+        return Ok(Outcome::StillOpen);
+    }
     if case == "no-rtu" {
         // The server's accept (REP) arrives in our event channel, which nobody reads, so
         // the handshake's last step (RTU) is never sent: the server must give up on
@@ -110,7 +139,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             let _ = s.pump()?;
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
-        // Fault 2 of the review: a RegisterXferMemory that arrives while the server's
+        // A RegisterXferMemory that arrives while the server's
         // writes from its current TX buffer are in flight must not free or reuse that
         // buffer under the NIC. The server may close us or go on; it must not crash.
         "register-mid-reply" => {
@@ -129,7 +158,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             }
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
-        // Fault 1 of the review: the main thread must not stay in one connection's
+        // The main thread must not stay in one connection's
         // completion drain while this peer keeps the CQ full; the test checks that
         // another client is served meanwhile.
         "keepalive-flood" | "empty-write-flood" => {
@@ -168,6 +197,72 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             eprintln!("vanish: silent from now on");
             std::thread::sleep(hold);
             return Ok(Outcome::StillOpen);
+        }
+        "feature-flood" => {
+            let ask = ControlMessage::SetClientFeature { select_raw: [0, 0], features: 1 };
+            let mut sent = 0;
+            while sent < 2000 {
+                if s.endpoint().post_control(&ask).is_ok() {
+                    sent += 1;
+                } else {
+                    s.pump()?; // send completions free the queue
+                }
+            }
+            s.write_all(b"PING\r\n")?;
+            read_exact(&mut s, &mut [0u8; 7])?; // +PONG\r\n
+            eprintln!("feature-flood: {sent} SetClientFeature sent, PING answered");
+            return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
+        }
+        "rdma-read" => {
+            let (remote, rkey, len) = (s.core.tx().remote_addr, s.core.tx().rkey, s.core.tx().len());
+            s.endpoint().post_read_raw(remote, rkey, len.min(4096))?;
+            // A refused read fails this QP (remote access error): the connection ends.
+            let _ = s.settle(Duration::from_millis(500));
+            return Ok(if s.is_gone() { Outcome::ReadRefused } else { Outcome::ReadAllowed });
+        }
+        "grow-in-flight" => {
+            s.endpoint().stop_reposting_receives();
+            // Every reply takes one of our receives, never given back: once they are used
+            // up the server's next write waits for one (RNR), and stays in flight, since
+            // this client asked for infinite RNR retry (as every client of this project).
+            let mut buf = [0u8; 64];
+            let mut answered = 0;
+            loop {
+                s.write_all(b"PING\r\n")?;
+                let mut got = 0;
+                for wait in [20, 300] {
+                    s.settle(Duration::from_millis(wait))?;
+                    got = s.try_read(&mut buf)?;
+                    if got > 0 {
+                        break;
+                    }
+                }
+                if got == 0 {
+                    break;
+                }
+                answered += 1;
+                if answered > 2000 {
+                    return Err(ClientError::Refused("the server's replies never stopped".into()));
+                }
+            }
+            eprintln!("grow-in-flight: {answered} replies, then the server's writes wait");
+            let (addr, key, base) = (s.ep.rx_addr(), s.ep.rx_key(), s.ep.rx_len());
+            for i in 1..=200u32 {
+                let length = (base + i * 65536).min(crate::protocol::MAX_PEER_RX_SIZE);
+                s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?;
+                // a reply into the new window, which waits as well
+                if s.write_all(b"PING\r\n").is_err() || s.settle(Duration::from_millis(20)).is_err() || s.is_gone() {
+                    eprintln!("grow-in-flight: closed by the server after {i} larger windows");
+                    return Ok(Outcome::ClosedByServer);
+                }
+            }
+            eprintln!("grow-in-flight: 200 larger windows sent, still connected");
+            return Ok(Outcome::StillOpen);
+        }
+        "register-wrap" => {
+            let msg =
+                ControlMessage::RegisterXferMemory { addr: u64::MAX - 4095, length: s.ep.rx_len(), key: s.ep.rx_key() };
+            s.endpoint().post_send_raw(&msg.encode())?;
         }
         "bad-rkey" => {
             let (addr, len, key) = (s.ep.rx_addr(), s.ep.rx_len(), s.ep.rx_key());

@@ -408,8 +408,12 @@ impl IdlePool {
                 Completion::Control { bytes, len } => {
                     match l.core.on_control(&bytes[..(len as usize).min(bytes.len())]) {
                         Ok(Received::PeerRxRegistered { len, resized: true }) => {
-                            l.ep.set_tx_len(len); // the TX buffer is made at the first write
-                            Ok(())
+                            // the TX buffer is made at the first write
+                            l.ep.set_tx_len(len).map_err(|held| {
+                                l.core
+                                    .on_violation(crate::protocol::Violation::WindowsInFlight { held: held as u32 })
+                                    .into()
+                            })
                         }
                         Ok(_) => Ok(()),
                         Err(f) => Err(f.into()),

@@ -493,12 +493,24 @@ impl Client {
 
     /// Sends all commands at once, then reads one reply per command.
     pub fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>> {
+        let mut replies = Vec::with_capacity(cmds.len());
+        self.pipeline_into(cmds, &mut replies)?;
+        Ok(replies)
+    }
+
+    /// As [`pipeline`](Self::pipeline), appending the replies to `replies` as they are
+    /// read: after an error, the commands that have a reply there are known to have run
+    /// (a caller that retries must not send those again).
+    pub fn pipeline_into(&mut self, cmds: &[Vec<&[u8]>], replies: &mut Vec<Reply>) -> Result<()> {
         let mut out = Vec::new();
         for c in cmds {
             resp::encode(c, &mut out);
         }
         self.stream.write_all(&out)?;
-        (0..cmds.len()).map(|_| self.read_reply()).collect()
+        for _ in cmds {
+            replies.push(self.read_reply()?);
+        }
+        Ok(())
     }
 
     /// Reads the next reply. The scanner finds its end as bytes arrive; it is parsed

@@ -536,6 +536,12 @@ impl Conn {
 
     // ----- completions -------------------------------------------------------------
 
+    /// A violation found outside the messages themselves (the endpoint's bounds, e.g.
+    /// TX buffers held for the peer): fails the connection like one in a message.
+    pub fn on_violation(&mut self, v: Violation) -> Failure {
+        self.fail(Failure::Protocol(v))
+    }
+
     fn fail(&mut self, f: Failure) -> Failure {
         self.state = State::Failed(f.clone());
         self.control.clear();

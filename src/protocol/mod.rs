@@ -37,7 +37,7 @@ pub const MIN_RX_SIZE: u32 = 64 * 1024;
 /// How much larger each step of the adaptive RX window is (docs/protocol.md §4.3): 64 KiB
 /// goes to the default cap of 1 MiB in one step. Every step costs the client one
 /// hand-back it must wait for; with ×4 (two steps to 1 MiB) the second one fell inside
-/// short pipelined runs, and ×16 took p99 to 0.89-0.96 of the ×4 build's at P16 (README,
+/// short pipelined runs, and ×16 took p99 to 0.89-0.96 of the ×4 build's at P16 (docs/measurements/history.md,
 /// Measurements). A connection that never writes half of 64 KiB still pins only that.
 pub const RX_GROWTH_FACTOR: u32 = 16;
 /// A server RX buffer grows only for a client that fills it in at most this many writes
@@ -66,12 +66,25 @@ pub enum Violation {
     BadRegisterLength(u32),
     /// RDMA_WRITE_WITH_IMM whose byte count overruns the RX buffer we offered.
     RxOverrun { offset: u32, imm: u32, len: u32 },
+    /// RegisterXferMemory whose region would wrap past the end of the address space:
+    /// no real buffer is there, and `addr + offset` would overflow (docs/protocol.md §6).
+    BadRegisterAddress { addr: u64, length: u32 },
+    /// RegisterXferMemory enlarging the window while `held` earlier TX buffers still
+    /// wait for writes the peer keeps from completing (docs/protocol.md §6).
+    WindowsInFlight { held: u32 },
 }
 
 impl Violation {
     /// Every kind, in the order of [`Violation::index`].
-    pub const KINDS: [&'static str; 5] =
-        ["bad_control_length", "unknown_opcode", "unexpected_opcode", "bad_register_length", "rx_overrun"];
+    pub const KINDS: [&'static str; 7] = [
+        "bad_control_length",
+        "unknown_opcode",
+        "unexpected_opcode",
+        "bad_register_length",
+        "rx_overrun",
+        "bad_register_address",
+        "windows_in_flight",
+    ];
 
     /// The kind's position in [`Violation::KINDS`] (for counters).
     pub fn index(&self) -> usize {
@@ -81,6 +94,8 @@ impl Violation {
             Violation::UnexpectedOpcode(_) => 2,
             Violation::BadRegisterLength(_) => 3,
             Violation::RxOverrun { .. } => 4,
+            Violation::BadRegisterAddress { .. } => 5,
+            Violation::WindowsInFlight { .. } => 6,
         }
     }
 }
@@ -94,6 +109,13 @@ impl std::fmt::Display for Violation {
             Violation::BadRegisterLength(n) => {
                 write!(f, "RegisterXferMemory with length {n} (allowed 1..={MAX_PEER_RX_SIZE})")
             }
+            Violation::BadRegisterAddress { addr, length } => {
+                write!(f, "RegisterXferMemory of {length} bytes at {addr:#x} wraps past the end of the address space")
+            }
+            Violation::WindowsInFlight { held } => write!(
+                f,
+                "RegisterXferMemory enlarged the window while {held} earlier TX buffers still wait for writes that do not complete"
+            ),
             Violation::RxOverrun { offset, imm, len } => {
                 write!(f, "RDMA write of {imm} bytes at offset {offset} overruns the {len}-byte RX buffer")
             }

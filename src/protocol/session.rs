@@ -66,6 +66,9 @@ impl Session {
                 if length == 0 || length > MAX_PEER_RX_SIZE {
                     return Err(Violation::BadRegisterLength(length));
                 }
+                if addr.checked_add(u64::from(length)).is_none() {
+                    return Err(Violation::BadRegisterAddress { addr, length });
+                }
                 let resized = length != self.tx.len();
                 self.tx.register(addr, length, key);
                 Ok(SessionEvent::PeerRxRegistered { len: length, resized })
@@ -219,6 +222,16 @@ mod tests {
         for len in [0, MAX_PEER_RX_SIZE + 1, u32::MAX] {
             let m = ControlMessage::RegisterXferMemory { addr: 1, length: len, key: 1 }.encode();
             assert_eq!(server.s.on_control(&m), Err(Violation::BadRegisterLength(len)));
+        }
+        // a region whose end (addr + length) does not fit in 64 bits
+        for (addr, ok) in [(u64::MAX - 99, false), (u64::MAX, false), (u64::MAX - 100, true), (0, true)] {
+            let m = ControlMessage::RegisterXferMemory { addr, length: 100, key: 1 }.encode();
+            let got = server.s.on_control(&m);
+            if ok {
+                assert!(got.is_ok(), "{addr:#x}: {got:?}");
+            } else {
+                assert_eq!(got, Err(Violation::BadRegisterAddress { addr, length: 100 }));
+            }
         }
         assert!(server.s.on_data(1001).is_err());
         assert_eq!(server.s.on_control(&[0; 16]), Err(Violation::BadControlLength(16)));

@@ -26,8 +26,25 @@ pub(super) unsafe fn init(ctx: *mut Ctx) -> Result<(), &'static str> {
         LOG_CTX.store(unsafe { detach(ctx) }, Ordering::Release);
     }
     let _ = log::set_logger(&LOGGER);
-    log::set_max_level(log::LevelFilter::Trace);
+    follow_server_loglevel();
     Ok(())
+}
+
+/// Sets the level below which the module's log lines are not even formatted to the
+/// server's `loglevel` (main thread; called at load and at every tick, so that a
+/// `CONFIG SET loglevel` is followed within one tick).
+pub(crate) fn follow_server_loglevel() {
+    let ctx = LOG_CTX.load(Ordering::Acquire);
+    // SAFETY: the detached context made in `init`, live for the process; main thread.
+    let level = if ctx.is_null() { None } else { unsafe { config_get(ctx, "loglevel") } };
+    log::set_max_level(match level.as_deref() {
+        Some("debug") => log::LevelFilter::Trace,
+        Some("verbose") => log::LevelFilter::Debug,
+        Some("notice") => log::LevelFilter::Info,
+        Some("warning") => log::LevelFilter::Warn,
+        Some("nothing") => log::LevelFilter::Off,
+        _ => log::LevelFilter::Trace, // unknown: the server decides, as before
+    });
 }
 
 /// Writes one line to the server log at the server's own levels.
@@ -102,11 +119,6 @@ impl LoadCtx {
     pub(crate) fn config_set(&self, name: &str, value: &str) -> Result<(), String> {
         // SAFETY: as above.
         unsafe { config_set(self.ctx, name, value) }
-    }
-
-    pub(super) fn start_timer(&self, ms: i64, cb: TimerCallback) {
-        // SAFETY: as above.
-        unsafe { start_timer(self.ctx, ms, cb) }
     }
 }
 
@@ -271,21 +283,6 @@ impl InfoWriter {
                     end(self.0);
                 }
             }
-        }
-    }
-}
-
-pub type TimerCallback = unsafe extern "C" fn(*mut Ctx, *mut c_void);
-
-/// A one-shot timer in `ms` milliseconds (re-armed by its callback).
-///
-/// # Safety
-/// `ctx` must be a live module context on the main thread.
-pub(super) unsafe fn start_timer(ctx: *mut Ctx, ms: i64, cb: TimerCallback) {
-    // SAFETY: per the contract (the API table is filled once in OnLoad); no data pointer.
-    unsafe {
-        if let Some(f) = raw::ValkeyModule_CreateTimer {
-            f(ctx, ms, Some(cb), std::ptr::null_mut());
         }
     }
 }

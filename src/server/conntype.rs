@@ -69,8 +69,11 @@ pub(crate) fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
 
 // ----- fork children ---------------------------------------------------------------
 
-/// Set in a fork child (BGSAVE, AOF rewrite): verbs objects are not usable there
-/// (their memory is not inherited with `ibv_fork_init`), so every call refuses.
+/// Set in a fork child (BGSAVE, AOF rewrite, the forked script debugger): verbs objects
+/// are not usable there (their memory is not inherited with `ibv_fork_init`), and the
+/// kernel objects behind them are the parent's (the child shares its rdma_cm and
+/// uverbs files, so destroying a QP or an id there destroys the parent's). Every call
+/// refuses or does nothing; nothing is freed (docs/server-abi.md §4.6).
 static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
 fn in_fork_child() -> bool {
@@ -204,19 +207,40 @@ unsafe extern "C" fn info<T: Transport>(ictx: *mut api::InfoCtx, _for_crash_repo
     })
 }
 
-/// Starts the module's periodic timer ([`Transport::on_timer`] every `ms`).
-pub(crate) fn start_timer<T: Transport>(ctx: &api::LoadCtx, ms: i64) {
-    ctx.start_timer(ms, timer::<T>);
+/// Starts the module's periodic tick ([`Transport::on_timer`] every `ms`): a timerfd in
+/// the event loop rather than a module timer, because the server refuses MODULE UNLOAD
+/// of a module that holds a timer with a reason of its own ("stop the timer"), before it
+/// asks the module, which refuses with the real one (docs/server-abi.md §4.6).
+pub(crate) fn start_timer<T: Transport>(ms: u64) -> Result<(), String> {
+    // SAFETY: no pointers; the fd is owned by the tick for the life of the process.
+    let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("timerfd_create: {}", std::io::Error::last_os_error()));
+    }
+    let period = libc::timespec { tv_sec: (ms / 1000) as libc::time_t, tv_nsec: ((ms % 1000) * 1_000_000) as _ };
+    let spec = libc::itimerspec { it_interval: period, it_value: period };
+    // SAFETY: `spec` is a valid itimerspec; the old value is not asked for.
+    if unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) } != 0 {
+        return Err(format!("timerfd_settime: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the callback takes no data pointer.
+    if unsafe { api::watch_fd(fd, tick::<T>, std::ptr::null_mut()) } {
+        Ok(())
+    } else {
+        Err("the server's event loop refused the module's timer fd".into())
+    }
 }
 
-unsafe extern "C" fn timer<T: Transport>(ctx: *mut api::Ctx, _data: *mut c_void) {
+unsafe extern "C" fn tick<T: Transport>(fd: c_int, _data: *mut c_void, _mask: c_int) {
+    let mut expirations = 0u64;
+    // SAFETY: reads the 8-byte expiration count of our non-blocking timerfd.
+    unsafe { libc::read(fd, (&raw mut expirations).cast(), 8) };
     guard((), || {
         if !in_fork_child() {
+            api::follow_server_loglevel();
             T::on_timer();
         }
     });
-    // SAFETY: the timer callback's context is live; re-arming from it is allowed.
-    unsafe { api::start_timer(ctx, crate::protocol::KEEPALIVE_MS as i64, timer::<T>) };
 }
 
 // ----- the callbacks ---------------------------------------------------------------
@@ -233,7 +257,12 @@ unsafe extern "C" fn get_type_9() -> c_int {
 }
 
 unsafe extern "C" fn init() {
-    crate::verbs::fork_init();
+    if let Err(errno) = crate::verbs::fork_init() {
+        log::warn!(
+            "RDMA: ibv_fork_init failed ({}): fork children (BGSAVE, AOF rewrite) share the pages RDMA writes into; check the rdma-core installation",
+            std::io::Error::from_raw_os_error(errno)
+        );
+    }
     // SAFETY: registers a handler that only stores an atomic.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
 }
@@ -293,12 +322,16 @@ unsafe extern "C" fn is_local<T: Transport>(c: *mut Connection) -> c_int {
 
 unsafe extern "C" fn listen<T: Transport>(l: *mut ConnListener) -> c_int {
     // SAFETY: the server passes its live listener, used only during the call.
-    guard(C_ERR, || if T::listen(unsafe { &mut *l }) { C_OK } else { C_ERR })
+    guard(C_ERR, || if !in_fork_child() && T::listen(unsafe { &mut *l }) { C_OK } else { C_ERR })
 }
 
 unsafe extern "C" fn close_listener<T: Transport>(l: *mut ConnListener) {
     // SAFETY: as for listen.
-    guard((), || T::close_listener(unsafe { &mut *l }))
+    guard((), || {
+        if !in_fork_child() {
+            T::close_listener(unsafe { &mut *l })
+        }
+    })
 }
 
 unsafe extern "C" fn conn_create() -> *mut Connection {
@@ -311,11 +344,18 @@ unsafe extern "C" fn conn_create_accepted(_fd: c_int, _priv: *mut c_void) -> *mu
 
 unsafe extern "C" fn shutdown<T: Transport>(c: *mut Connection) {
     // SAFETY: see above.
-    guard((), || T::shutdown(unsafe { Hosted::<T>::from_server(c) }))
+    guard((), || {
+        if !in_fork_child() {
+            T::shutdown(unsafe { Hosted::<T>::from_server(c) })
+        }
+    })
 }
 
 unsafe extern "C" fn close<T: Transport>(c: *mut Connection) {
     guard((), || {
+        if in_fork_child() {
+            return; // the parent's connection: nothing of it is released here
+        }
         // SAFETY: see above; our own reference keeps it alive through T::close.
         let conn = unsafe { Hosted::<T>::arc_from_server(c) };
         T::close(&conn);
@@ -351,6 +391,9 @@ unsafe extern "C" fn blocking_connect(_: *mut Connection, _: *const c_char, _: c
 /// closed the connection (the caller then frees the client).
 unsafe extern "C" fn accept<T: Transport>(c: *mut Connection, handler: ConnHandler) -> c_int {
     guard(C_ERR, || {
+        if in_fork_child() {
+            return C_ERR;
+        }
         // SAFETY: see above.
         let conn = unsafe { Hosted::<T>::arc_from_server(c) };
         conn.install(ServerHandler::Accept, handler, None);
@@ -430,6 +473,9 @@ unsafe extern "C" fn read<T: Transport>(c: *mut Connection, buf: *mut c_void, le
 
 unsafe extern "C" fn set_write_handler<T: Transport>(c: *mut Connection, h: ConnHandler, barrier: c_int) -> c_int {
     guard(C_ERR, || {
+        if in_fork_child() {
+            return C_ERR;
+        }
         // SAFETY: see above.
         let conn = unsafe { Hosted::<T>::arc_from_server(c) };
         conn.install(ServerHandler::Write, h, Some(barrier != 0));
@@ -442,6 +488,9 @@ unsafe extern "C" fn set_write_handler<T: Transport>(c: *mut Connection, h: Conn
 
 unsafe extern "C" fn set_read_handler<T: Transport>(c: *mut Connection, h: ConnHandler) -> c_int {
     guard(C_ERR, || {
+        if in_fork_child() {
+            return C_ERR;
+        }
         // SAFETY: see above.
         let conn = unsafe { Hosted::<T>::arc_from_server(c) };
         conn.install(ServerHandler::Read, h, None);
@@ -476,6 +525,9 @@ unsafe extern "C" fn process_pending_data<T: Transport>() -> c_int {
 
 unsafe extern "C" fn postpone_update_state<T: Transport>(c: *mut Connection, arg: c_int) {
     guard((), || {
+        if in_fork_child() {
+            return;
+        }
         let mask = Postpone::from_mask(abi().postpone_mask(arg));
         // SAFETY: see above.
         T::postpone(unsafe { Hosted::<T>::from_server(c) }, mask)
@@ -485,7 +537,11 @@ unsafe extern "C" fn postpone_update_state<T: Transport>(c: *mut Connection, arg
 /// After an IO thread finished with the client: queue whatever became due meanwhile.
 unsafe extern "C" fn update_state<T: Transport>(c: *mut Connection) {
     // SAFETY: see above.
-    guard((), || T::update_state(&unsafe { Hosted::<T>::arc_from_server(c) }))
+    guard((), || {
+        if !in_fork_child() {
+            T::update_state(&unsafe { Hosted::<T>::arc_from_server(c) })
+        }
+    })
 }
 
 #[cfg(test)]

@@ -9,8 +9,7 @@
 //! `conntype.rs` ever turns the server's pointer back into a reference.
 
 use std::cell::UnsafeCell;
-use std::ffi::c_int;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::abi::{ConnHandler, Connection, IOV_MAX};
@@ -50,6 +49,10 @@ impl ConnState {
 #[repr(C)]
 pub(crate) struct Hosted<T> {
     raw: UnsafeCell<Connection>,
+    /// The server's reference was given back (`ct->close`): a second close of the same
+    /// connection, from inside a handler that holds its own reference, must not give
+    /// it back again (docs/server-abi.md §4.6).
+    released: AtomicBool,
     pub(crate) inner: T,
 }
 
@@ -65,10 +68,21 @@ unsafe impl<T: Send + Sync> Sync for Hosted<T> {}
 unsafe impl<T: Send + Sync> Send for Hosted<T> {}
 
 impl<T> Hosted<T> {
-    /// A connection of the registered type in state ACCEPTING whose fd (the
-    /// completion channel) is `fd`.
-    pub(crate) fn new(fd: c_int, inner: T) -> Arc<Self> {
-        Arc::new(Hosted {
+    /// A connection of the registered type in state ACCEPTING, with an fd of its own.
+    ///
+    /// `conn->fd` is an eventfd that only this connection has and nothing reads: the
+    /// server treats it as a socket (`connBlock` clears O_NONBLOCK on it, a fork child
+    /// inherits it, `shutdown` and socket options are tried on it), and none of that
+    /// may reach the completion channels the module polls (docs/server-abi.md §4.6).
+    /// Fails when the process is out of file descriptors, as `accept` would for TCP.
+    pub(crate) fn new(inner: T) -> std::io::Result<Arc<Self>> {
+        // SAFETY: eventfd takes no pointers; the fd returned is owned by the new
+        // connection and closed in Drop.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Arc::new(Hosted {
             raw: UnsafeCell::new(Connection {
                 ty: super::conntype::table_ptr(),
                 state: ConnState::Accepting.raw().into(),
@@ -82,8 +96,9 @@ impl<T> Hosted<T> {
                 write_handler: None,
                 read_handler: None,
             }),
+            released: AtomicBool::new(false),
             inner,
-        })
+        }))
     }
 
     /// The address the server knows the connection by: a key for lookups (fd
@@ -96,10 +111,6 @@ impl<T> Hosted<T> {
         // SAFETY: see the Sync impl: shared reads of the C struct; its atomics are
         // read through atomic operations, and the plain fields only on the main thread.
         unsafe { &*self.raw.get() }
-    }
-
-    pub(crate) fn fd(&self) -> c_int {
-        self.conn().fd
     }
 
     /// Publishes the state the server sees, the errno first: a thread that sees ERROR
@@ -179,8 +190,13 @@ impl<T> Hosted<T> {
     /// # Safety
     /// As [`from_server`](Self::from_server); the server does not use `c` afterwards.
     pub(super) unsafe fn release(c: *mut Connection) {
-        // SAFETY: gives back the reference made by into_server, once.
-        drop(unsafe { Arc::from_raw(c.cast::<Self>().cast_const()) });
+        let p = c.cast::<Self>().cast_const();
+        // SAFETY: per the contract, `p` points at a live `Hosted<T>`.
+        if unsafe { &*p }.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // SAFETY: gives back the reference made by hand_to_server, once (the flag).
+        drop(unsafe { Arc::from_raw(p) });
     }
 
     /// `set_read_handler` / `set_write_handler` / the handler of `accept` (main thread).
@@ -201,5 +217,58 @@ impl<T> Hosted<T> {
                 }
             }
         }
+    }
+}
+
+impl<T> Drop for Hosted<T> {
+    fn drop(&mut self) {
+        let fd = self.raw.get_mut().fd;
+        if fd >= 0 {
+            // SAFETY: the eventfd made in `new`, owned by this connection alone; the
+            // server is done with the connection (its reference is gone).
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    struct Counted<'a>(&'a AtomicUsize);
+    impl Drop for Counted<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_second_close_does_not_give_the_servers_reference_back_again() {
+        let drops = AtomicUsize::new(0);
+        let handler = Hosted::new(Counted(&drops)).expect("an eventfd");
+        // what hand_to_server gives the server, without a server
+        let server: *mut Connection = Arc::into_raw(handler.clone()).cast_mut().cast();
+        // SAFETY: `server` holds the reference made above; `handler` keeps it alive.
+        unsafe {
+            Hosted::<Counted>::release(server);
+            Hosted::<Counted>::release(server);
+        }
+        assert_eq!(Arc::strong_count(&handler), 1, "only the handler's reference is left");
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        drop(handler);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn each_connection_has_an_fd_of_its_own() {
+        let a = Hosted::new(()).expect("an eventfd");
+        let b = Hosted::new(()).expect("an eventfd");
+        let (fa, fb) = (a.conn().fd, b.conn().fd);
+        assert!(fa >= 0 && fb >= 0 && fa != fb);
+        // SAFETY: fcntl on an fd this test owns through `a`.
+        let flags = unsafe { libc::fcntl(fa, libc::F_GETFD) };
+        assert!(flags & libc::FD_CLOEXEC != 0, "not inherited by exec'd children");
+        // (that Drop closes it is not checked here: another test may reuse the number)
     }
 }

@@ -65,5 +65,9 @@ pub unsafe extern "C" fn ValkeyModule_OnLoad(
 /// Called by valkey-server.
 #[no_mangle]
 pub unsafe extern "C" fn ValkeyModule_OnUnload(_ctx: *mut Ctx) -> c_int {
+    api::log_line(
+        c"notice",
+        "RDMA: the module cannot be unloaded: the rdma connection type stays registered while the server runs and its connections call into this library (remove the loadmodule line and restart the server to drop it)",
+    );
     ERR
 }

@@ -15,13 +15,14 @@ use super::worker::{self, Slot};
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
 use crate::protocol::session::Role;
-use crate::protocol::ControlMessage;
+use crate::protocol::{ControlMessage, Violation};
 use crate::server::{ConnState, ServerHandler};
 use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
 
-/// Completions handled per connection per wake-up (fault of review: a peer sending
-/// Keepalives or empty writes as fast as it can kept the main thread in its drain).
-pub(crate) const COMPLETIONS_PER_WAKEUP: usize = 256;
+/// Completions handled per wake-up of a connection with a CQ of its own, so that a peer
+/// sending Keepalives or empty writes as fast as it can cannot keep the main thread in
+/// its drain (a shared CQ has its own budget, `shared_cqs::COMPLETIONS_PER_SHARED_POLL`).
+pub(crate) const COMPLETIONS_PER_OWN_POLL: usize = 256;
 
 /// The connection type's half of one client (the server's half is `Hosted`'s).
 pub(crate) struct RdmaConnection {
@@ -30,6 +31,9 @@ pub(crate) struct RdmaConnection {
     /// (index, QP number) on the shared CQ its completions arrive on
     /// ([`super::shared_cqs`]); `None`: a CQ and channel fd of its own.
     pub(crate) shared_cq: Option<(usize, u32)>,
+    /// The completion channel fd of a connection with a CQ of its own (watched with the
+    /// connection's key); never the fd the server sees.
+    pub(crate) own_channel_fd: Option<std::ffi::c_int>,
     state: Mutex<Inner>,
 }
 
@@ -43,6 +47,8 @@ struct Inner {
     /// and waiting for the next hand-back (docs/protocol.md §4.3).
     rx_preparing: Option<Slot<Result<PreparedRx, VerbsError>>>,
     rx_prepared: Option<PreparedRx>,
+    /// Its place among the connections in the handshake, until ESTABLISHED or teardown.
+    handshake: Option<super::handshakes::Slot>,
 }
 
 impl Inner {
@@ -72,7 +78,12 @@ impl RdmaConnection {
     /// `rx_cap`: the largest RX buffer the connection may grow to (`rdma-rx-size`); the
     /// endpoint's buffer is where it starts. `shared_cq`: the index of the shared CQ the
     /// endpoint was built on, if any.
-    pub(crate) fn new(ep: Endpoint, rx_cap: u32, shared_cq: Option<usize>) -> RdmaConnection {
+    pub(crate) fn new(
+        ep: Endpoint,
+        rx_cap: u32,
+        shared_cq: Option<usize>,
+        handshake: Option<super::handshakes::Slot>,
+    ) -> RdmaConnection {
         let mut core = Conn::new(Role::Server, ep.rx_region());
         core.set_rx_cap(rx_cap);
         let (peer, local) = (ep.id().peer_addr(), ep.id().local_addr());
@@ -80,12 +91,14 @@ impl RdmaConnection {
             peer,
             local,
             shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
+            own_channel_fd: shared_cq.is_none().then(|| ep.comp_fd()),
             state: Mutex::new(Inner {
                 ep: Some(ep),
                 core,
-                completions: Vec::with_capacity(COMPLETIONS_PER_WAKEUP),
+                completions: Vec::with_capacity(COMPLETIONS_PER_OWN_POLL),
                 rx_preparing: None,
                 rx_prepared: None,
+                handshake,
             }),
         }
     }
@@ -132,9 +145,12 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
         // buffer made after the connection was accepted): say what to do.
         let hint = match &f {
             Failure::Local { call, errno: libc::ENOMEM } if *call == VerbsOp::RegMr.name() => {
-                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)"
+                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)".to_string()
             }
-            _ => "",
+            Failure::Local { call, .. } if *call == VerbsOp::PinnedCeiling.name() => {
+                format!(" ({})", super::listener::pinned_ceiling_hint())
+            }
+            _ => String::new(),
         };
         log_limited(format_args!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
     }
@@ -219,12 +235,12 @@ pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     }
 }
 
-/// Takes up to [`COMPLETIONS_PER_WAKEUP`] completions from the connection's own CQ and
+/// Takes up to [`COMPLETIONS_PER_OWN_POLL`] completions from the connection's own CQ and
 /// feeds them to the core.
 pub(crate) fn process_completions(c: &HostedConn) {
     with_completions(c, |ep, completions, core| {
         // (the test knob makes the budget small, so that the suite reaches this path)
-        let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
+        let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_OWN_POLL, |n| n as usize);
         match ep.poll(budget, |c| completions.push(c)) {
             Ok(left) => {
                 core.set_completions_left(left);
@@ -279,22 +295,28 @@ fn feed_core(c: &HostedConn, inner: &mut Inner, mut failed: Option<Failure>) {
                     // docs/protocol.md §2: the TX buffer follows the peer's RX buffer; it
                     // is made on the next write. Writes from an old one may still be in
                     // flight: the endpoint keeps it registered until the send queue has
-                    // passed them (fault 2).
+                    // passed them.
                     Ok(Received::PeerRxRegistered { len, .. }) => {
                         stats::add(&STATS.rx_registrations_received, 1);
-                        if let Some(ep) = inner.ep.as_mut() {
-                            ep.set_tx_len(len);
+                        match inner.ep.as_mut().map(|ep| ep.set_tx_len(len)) {
+                            Some(Err(held)) => {
+                                Err(inner.core.on_violation(Violation::WindowsInFlight { held: held as u32 }))
+                            }
+                            _ => Ok(()),
                         }
-                        Ok(())
                     }
                     Ok(Received::Keepalive) => {
                         stats::add(&STATS.keepalives_received, 1);
                         Ok(())
                     }
+                    // (a peer may send these as fast as it likes: rate-limited like a violation)
                     Ok(Received::UnsupportedFeatures(f)) => {
-                        log::debug!(
-                            "RDMA client {}: SetClientFeature {f:#x} is not supported; ignored",
-                            c.inner.peer_name()
+                        super::log_limited_at(
+                            log::Level::Debug,
+                            format_args!(
+                                "RDMA client {}: SetClientFeature {f:#x} is not supported; ignored",
+                                c.inner.peer_name()
+                            ),
                         );
                         Ok(())
                     }
@@ -321,6 +343,7 @@ fn feed_core(c: &HostedConn, inner: &mut Inner, mut failed: Option<Failure>) {
 /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (docs/protocol.md §1, §4.3).
 pub(crate) fn on_established(c: &HostedConn) {
     let mut g = c.inner.lock();
+    g.handshake = None;
     g.core.on_established();
     let failed = g.flush_control();
     publish(c, &g, failed);
@@ -487,7 +510,11 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
         match c.inner.shared_cq {
             // The CQ's fd serves the other connections on it: only this QP is forgotten.
             Some((cq, qp_num)) => super::shared_cqs::unregister(cq, qp_num),
-            None => crate::server::api::unwatch_fd(c.fd()),
+            None => {
+                if let Some(fd) = c.inner.own_channel_fd {
+                    crate::server::api::unwatch_fd(fd)
+                }
+            }
         }
     }
     if out.free_now {
@@ -513,6 +540,7 @@ pub(crate) fn teardown(c: &HostedConn) {
     }
     let (ep, prepared, preparing) = {
         let mut g = c.inner.lock();
+        g.handshake = None;
         (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())
     };
     let Some(mut ep) = ep else { return };

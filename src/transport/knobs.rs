@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Knob {
     /// Do not look for server.el at load, as on a server layout we cannot read
-    /// (review fault 6: listeners closed before the first accept).
+    /// (listeners closed before the first accept).
     UnknownEventLoop,
     /// The next N `rdma_migrate_id` of accepted connections fail (EIO).
     FailMigrate,
     /// The next N `rdma_accept` fail (EIO).
     FailAccept,
-    /// The next N accepts panic inside the accept handler (review fault 7: the panic
+    /// The next N accepts panic inside the accept handler (the panic
     /// policy).
     PanicInAccept,
     /// Completions taken per connection per wake-up, instead of 256.

@@ -245,6 +245,15 @@ fn accept_one(id: CmId) {
     }
     // named once, for the refusal lines below (the id is consumed by then)
     let peer = id.peer_addr().map_or("?".into(), |p| p.to_string());
+    let handshake = match id.peer_addr().map(|p| super::handshakes::Slot::admit(p.ip())) {
+        Some(Err(over)) => {
+            stats::rejected(Rejected::Handshakes);
+            id.reject();
+            return super::log_limited(format_args!("RDMA: client {peer} refused: {over}"));
+        }
+        Some(Ok(slot)) => Some(slot),
+        None => None,
+    };
     let conn_channel = match conn_events() {
         Ok(ch) => ch,
         Err(e) => return log::warn!("{}", explain(&e, None)),
@@ -267,13 +276,23 @@ fn accept_one(id: CmId) {
         reject_on_failure: true,
         tx_chunk: crate::verbs::TX_CHUNK,
     };
+    // Room under the pinned-memory ceiling for the connection and its first reply (one
+    // TX chunk): one admitted only to fail at its first reply would serve nobody.
+    let needs = verbs::pinned_bytes(initial_rx, 0) + u64::from(crate::verbs::TX_CHUNK);
+    if !crate::verbs::pinned::has_room(needs) {
+        stats::rejected(Rejected::Resources);
+        id.reject();
+        return super::log_limited(format_args!("RDMA: client {peer} refused: {}", pinned_ceiling_hint()));
+    }
     let (built, shared_cq) = super::shared_cqs::endpoint(id, &cfg);
     let ep = match built {
         Ok(ep) => ep,
         Err(e) => {
             stats::rejected(Rejected::Resources);
             let hint = if e.op == VerbsOp::RegMr && e.errno == libc::ENOMEM {
-                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd, to at least 4 MiB per client, or lower rdma-rx-size)".to_string()
+                format!(" ({})", crate::doctor::memlock_hint(g.settings.rx_size))
+            } else if e.op == VerbsOp::PinnedCeiling {
+                format!(" ({})", pinned_ceiling_hint())
             } else if e.op == VerbsOp::MapCount {
                 let (maps, limit) = verbs::map_count_now().unwrap_or_default();
                 format!(
@@ -285,8 +304,16 @@ fn accept_one(id: CmId) {
             return super::log_limited(format_args!("RDMA: client {peer} refused: {e}{hint}"));
         }
     };
-    let fd = ep.comp_fd();
-    let c: Arc<HostedConn> = Hosted::new(fd, RdmaConnection::new(ep, g.settings.rx_size, shared_cq));
+    let c: Arc<HostedConn> = match Hosted::new(RdmaConnection::new(ep, g.settings.rx_size, shared_cq, handshake)) {
+        Ok(c) => c,
+        Err(e) => {
+            stats::rejected(Rejected::Resources);
+            // (the endpoint drops here: the connect request is rejected)
+            return super::log_limited(format_args!(
+                "RDMA: client {peer} refused: no file descriptor for it ({e}): raise the server's open-files limit (ulimit -n, LimitNOFILE=)"
+            ));
+        }
+    };
     connection::set_cm_context(&c);
     if let Err(e) = connection::accept_cm(&c, ACCEPT_PARAMS) {
         stats::rejected(Rejected::Accept);
@@ -294,8 +321,9 @@ fn accept_one(id: CmId) {
         connection::teardown(&c);
         return;
     }
-    // On a shared CQ, its fd is watched already; else the connection's own.
-    if c.inner.shared_cq.is_none() && !crate::server::watch_fd::<RdmaConnection>(fd, c.key()) {
+    // On a shared CQ, its fd is watched already; else the connection's own channel.
+    let watched = c.inner.own_channel_fd.is_none_or(|fd| crate::server::watch_fd::<RdmaConnection>(fd, c.key()));
+    if !watched {
         stats::rejected(Rejected::Accept);
         super::log_limited(format_args!(
             "RDMA: client {} refused: cannot watch its completion channel",
@@ -344,4 +372,12 @@ pub(crate) fn on_conn_events() {
         }
         connection::queue_if_due(&c);
     }
+}
+
+/// What to do when the module's pinned-memory ceiling refused a registration.
+pub(crate) fn pinned_ceiling_hint() -> String {
+    format!(
+        "the module's pinned-memory ceiling of {} MiB is reached: raise it with the module argument max-pinned=, or lower rdma-rx-size or maxclients",
+        crate::verbs::pinned::ceiling() >> 20
+    )
 }

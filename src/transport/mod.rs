@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod connection;
+pub(crate) mod handshakes;
 pub(crate) mod knobs;
 pub(crate) mod listener;
 pub(crate) mod shared_cqs;
@@ -230,11 +231,20 @@ static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit::new());
 
 /// Logs a per-connection warning, rate-limited ([`LogLimit`]).
 pub(crate) fn log_limited(msg: std::fmt::Arguments) {
+    log_limited_at(log::Level::Warn, msg)
+}
+
+/// Logs a per-connection line at `level`, rate-limited ([`LogLimit`]) with the warnings;
+/// a level the server's `loglevel` drops takes nothing from the limit.
+pub(crate) fn log_limited_at(level: log::Level, msg: std::fmt::Arguments) {
+    if level > log::max_level() {
+        return;
+    }
     let admitted = lock(&LOG_LIMIT).admit(Instant::now());
     match admitted {
         None => {}
-        Some(0) => log::warn!("{msg}"),
-        Some(n) => log::warn!("{msg} ({n} similar lines suppressed)"),
+        Some(0) => log::log!(level, "{msg}"),
+        Some(n) => log::log!(level, "{msg} ({n} similar lines suppressed)"),
     }
 }
 

@@ -26,7 +26,7 @@ use crate::verbs::{
 };
 
 /// Completions taken from one CQ per wake-up.
-pub(crate) const COMPLETIONS_PER_WAKEUP: usize = 1024;
+pub(crate) const COMPLETIONS_PER_SHARED_POLL: usize = 1024;
 /// The key the first CQ's fd is watched with; CQ `i` has `FIRST_KEY + i`. Connection
 /// keys are addresses and the CM channel's is 0, so keys below a page never collide.
 const FIRST_KEY: usize = 1;
@@ -142,7 +142,7 @@ pub(crate) fn on_fd(cq: usize) {
 /// §4.2). Bounded: a CQ that never empties (other peers keep writing) is left after
 /// as many rounds as it has entries' worth of budgets.
 pub(crate) fn drain(cq: usize) {
-    for _ in 0..(MAX_SHARED_CQES as usize).div_ceil(COMPLETIONS_PER_WAKEUP) + 1 {
+    for _ in 0..(MAX_SHARED_CQES as usize).div_ceil(COMPLETIONS_PER_SHARED_POLL) + 1 {
         if !poll(cq, Then::Queue) {
             return;
         }
@@ -179,7 +179,7 @@ pub(crate) fn count() -> usize {
 fn poll(cq: usize, then: Then) -> bool {
     let Some(q) = lock(&SHARED).cqs.get(cq).cloned() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
-    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_WAKEUP, |n| n as usize);
+    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();
     let left = match q.poll(budget, |wc| s.polled.push(wc)) {
         Ok(left) => left,

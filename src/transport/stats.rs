@@ -1,4 +1,4 @@
-//! The module's counters, shown by `INFO rdma` (README "Observing it"). Relaxed
+//! The module's counters, shown by `INFO rdma` (docs/operator-guide.md). Relaxed
 //! atomics, bumped once per event (a completion batch, a read, a write), never per
 //! byte; everything that describes the current state (connections, windows, pinned
 //! memory) is computed when INFO asks, from the live set.
@@ -16,6 +16,8 @@ pub(crate) enum Rejected {
     Accept,
     /// `rdma_migrate_id` failed.
     Migrate,
+    /// Too many connections in the handshake ([`super::handshakes`]).
+    Handshakes,
 }
 
 /// A CM event that ended a connection (docs/protocol.md §1).
@@ -27,7 +29,7 @@ pub(crate) enum CmEnd {
 
 pub(crate) struct Stats {
     pub(crate) accepted: AtomicU64,
-    rejected: [AtomicU64; 3],
+    rejected: [AtomicU64; 4],
     pub(crate) bytes_in: AtomicU64,
     pub(crate) bytes_out: AtomicU64,
     pub(crate) writes_in: AtomicU64,
@@ -43,7 +45,7 @@ pub(crate) struct Stats {
     pub(crate) tx_buffers_released: AtomicU64,
     /// Closed connections whose teardown waits on the `rdma-release` thread (a gauge).
     pub(crate) releasing: AtomicU64,
-    violations: [AtomicU64; 5],
+    violations: [AtomicU64; Violation::KINDS.len()],
     pub(crate) work_request_errors: AtomicU64,
     pub(crate) local_errors: AtomicU64,
     pub(crate) peers_silent: AtomicU64,
@@ -56,7 +58,7 @@ const ZERO: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) static STATS: Stats = Stats {
     accepted: ZERO,
-    rejected: [ZERO; 3],
+    rejected: [ZERO; 4],
     bytes_in: ZERO,
     bytes_out: ZERO,
     writes_in: ZERO,
@@ -71,7 +73,7 @@ pub(crate) static STATS: Stats = Stats {
     rx_grown: ZERO,
     tx_buffers_released: ZERO,
     releasing: ZERO,
-    violations: [ZERO; 5],
+    violations: [ZERO; Violation::KINDS.len()],
     work_request_errors: ZERO,
     local_errors: ZERO,
     peers_silent: ZERO,
@@ -112,7 +114,7 @@ pub(crate) struct Now {
     pub(crate) shared_cqs: u64,
 }
 
-/// The fields of `INFO rdma`, in order (names documented in the README).
+/// The fields of `INFO rdma`, in order (names documented in docs/operator-guide.md).
 pub(crate) fn fields(now: &Now) -> Vec<Field> {
     let s = &STATS;
     let get = |c: &AtomicU64| c.load(Relaxed);
@@ -130,8 +132,10 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
                 ("resources", get(&s.rejected[Rejected::Resources as usize])),
                 ("accept", get(&s.rejected[Rejected::Accept as usize])),
                 ("migrate", get(&s.rejected[Rejected::Migrate as usize])),
+                ("handshakes", get(&s.rejected[Rejected::Handshakes as usize])),
             ],
         ),
+        Field::Num("handshakes_in_progress", super::handshakes::in_progress().into()),
         Field::Num("pending_connections", now.pending),
         Field::Num("releasing_connections", get(&s.releasing)),
         Field::Num("total_net_input_bytes", get(&s.bytes_in)),
@@ -175,5 +179,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         ),
         Field::Num("tx_buffers_released", get(&s.tx_buffers_released)),
         Field::Num("pinned_bytes", now.pinned_bytes),
+        Field::Num("pinned_registered_bytes", crate::verbs::pinned::pinned_now()),
+        Field::Num("pinned_ceiling_bytes", crate::verbs::pinned::ceiling()),
     ]
 }

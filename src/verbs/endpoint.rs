@@ -138,6 +138,9 @@ pub struct Endpoint {
     /// The TX buffer's size when made on demand ([`set_tx_len`](Endpoint::set_tx_len)):
     /// the peer's RX buffer.
     tx_len_wanted: u32,
+    /// False only for the test peer that keeps the server's writes waiting
+    /// ([`stop_reposting_receives`](Self::stop_reposting_receives)).
+    repost_receives: bool,
     /// Data writes posted since the last [`release_idle_tx`](Endpoint::release_idle_tx).
     writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
@@ -219,6 +222,7 @@ impl Endpoint {
             tx: TxBuffers::new(),
             tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
             tx_len_wanted: 0,
+            repost_receives: true,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
             unsignaled_run: 0,
@@ -482,8 +486,9 @@ impl Endpoint {
         let buf = PinnedBuffer::new(len as usize)?;
         let chunk = (self.tx_chunk as usize).min(buf.len());
         let chunks = vec![std::ptr::null_mut(); buf.len().div_ceil(chunk)];
-        self.tx.replace(Some(TxRegion { buf, chunk, chunks, _pd: self.pd.clone() }));
-        Ok(())
+        self.tx
+            .replace(Some(TxRegion { buf, chunk, chunks, _pd: self.pd.clone() }))
+            .map_err(|_| VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS))
     }
 
     /// How many bytes a write landing at `offset` of the peer's window (mirrored in the
@@ -527,12 +532,16 @@ impl Endpoint {
 
     /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
     /// write (on demand: a connection that only reads pins none). One that is too small
-    /// is retired now, as in [`ensure_tx`](Self::ensure_tx).
-    pub fn set_tx_len(&mut self, len: u32) {
+    /// is retired now, as in [`ensure_tx`](Self::ensure_tx). Err (how many are held)
+    /// when `MAX_RETIRED` (4) retired buffers still wait for their writes: a peer that
+    /// keeps our writes from completing and enlarges its window again and again would
+    /// otherwise make us pin a buffer per step (docs/protocol.md §6).
+    pub fn set_tx_len(&mut self, len: u32) -> std::result::Result<(), usize> {
         self.tx_len_wanted = len;
         if self.tx.current().is_some_and(|r| r.buf.len() < len as usize) {
-            self.tx.replace(None);
+            self.tx.replace(None)?;
         }
+        Ok(())
     }
 
     /// Once per keepalive tick, before the Keepalive (if any) is posted
@@ -583,7 +592,7 @@ impl Endpoint {
         let old_mr = std::mem::replace(&mut self.rx_mr, mr);
         let old_buf = std::mem::replace(&mut self.rx_buf, buf);
         // SAFETY: per the doc comment, nothing reads or writes the old region any more.
-        unsafe { (loaded().ibv_dereg_mr)(old_mr) };
+        unsafe { dereg(old_mr) };
         drop(old_buf);
     }
 
@@ -704,6 +713,20 @@ impl Endpoint {
         self.post_send(&mut wr, 0, true)
     }
 
+    /// Reads `len` bytes of the peer's memory at `remote_addr` with `rkey` into the TX
+    /// buffer (one IBV_WR_RDMA_READ). Only the test peer uses this: the protocol never
+    /// reads, so a server's buffers must refuse it (docs/protocol.md §6).
+    pub fn post_read_raw(&mut self, remote_addr: u64, rkey: u32, len: u32) -> Result<()> {
+        let mut sge = self.tx_sge(0, len)?;
+        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+        wr.wr.rdma = rdma_t { remote_addr, rkey };
+        self.post_send(&mut wr, 0, true)
+    }
+
     /// Consumes a pending notification of the completion channel (if any), re-arms
     /// the CQ and polls up to `budget` completions, handing each that concerns the
     /// protocol to `f`. Receives are re-posted and send slots recycled here. Returns
@@ -746,11 +769,15 @@ impl Endpoint {
                 let off = slot * CONTROL_MESSAGE_LEN;
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 bytes.copy_from_slice(&self.ctrl_buf.as_slice()[off..off + CONTROL_MESSAGE_LEN]);
-                self.post_recv(slot)?;
+                if self.repost_receives {
+                    self.post_recv(slot)?;
+                }
                 f(Completion::Control { bytes, len: wc.byte_len });
             }
             ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
-                self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
+                if self.repost_receives {
+                    self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
+                }
                 f(Completion::Data { imm: wc.imm });
             }
             ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
@@ -798,6 +825,14 @@ impl Endpoint {
         self.id.disconnect();
     }
 
+    /// From here on a receive that completes is not posted again: once the posted ones
+    /// are used up, the peer's sends and writes with immediate wait for a receive (RNR)
+    /// and, with the infinite RNR retry this project's client asks for, stay in flight.
+    /// Only the test peer (`client::hostile`, case `grow-in-flight`) uses this.
+    pub fn stop_reposting_receives(&mut self) {
+        self.repost_receives = false;
+    }
+
     /// Moves the queue pair to the error state without telling the peer: from here
     /// on it answers nothing, as a crashed host or a pulled cable would. Only the test
     /// peer (`client::hostile`, case `vanish`) uses this.
@@ -825,7 +860,7 @@ impl Drop for Endpoint {
             self.tx.clear();
             for mr in [self.rx_mr, self.ctrl_mr] {
                 if !mr.is_null() {
-                    (l.ibv_dereg_mr)(mr);
+                    dereg(mr);
                 }
             }
             // A shared CQ and channel are left to their owner: `shared` (a field)
@@ -869,11 +904,16 @@ impl ProtectionDomain {
     /// `addr..addr + len` must stay mapped until the region is deregistered, and the
     /// region must be deregistered before the domain is freed.
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
+        if !super::pinned::admit(len as u64) {
+            return Err(VerbsError::with(VerbsOp::PinnedCeiling, libc::EDQUOT));
+        }
         // SAFETY: per the contract; the domain is live while self is.
         let mr = unsafe { (loaded().ibv_reg_mr)(self.as_ptr(), addr.cast(), len, access) };
         if mr.is_null() {
             // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
-            return Err(VerbsError::last(VerbsOp::RegMr));
+            let e = VerbsError::last(VerbsOp::RegMr);
+            super::pinned::released(len as u64);
+            return Err(e);
         }
         Ok(mr)
     }
@@ -936,7 +976,7 @@ impl Drop for PreparedRx {
     fn drop(&mut self) {
         if !self.mr.is_null() {
             // SAFETY: registered for `buf` on `_pd`, both still held; never posted.
-            unsafe { (loaded().ibv_dereg_mr)(self.mr) };
+            unsafe { dereg(self.mr) };
         }
     }
 }
@@ -992,9 +1032,23 @@ impl Drop for TxRegion {
         for &mr in self.chunks.iter().filter(|mr| !mr.is_null()) {
             // SAFETY: each non-null MR was registered for a chunk of `buf` and is live;
             // [`TxBuffers`] drops a region only when no posted work request can read it.
-            unsafe { (loaded().ibv_dereg_mr)(mr) };
+            unsafe { dereg(mr) };
         }
     }
+}
+
+/// Deregisters a region made by `ProtectionDomain::register`, giving its bytes back to
+/// the pinned-memory count.
+///
+/// # Safety
+/// `mr` must be live, made by that function, and not used afterwards (no posted work
+/// request may still read it).
+unsafe fn dereg(mr: *mut ibv_mr) {
+    // SAFETY: per the contract, `mr` is a live region.
+    let len = unsafe { (*mr).length } as u64;
+    // SAFETY: as above; it is not used again.
+    unsafe { (loaded().ibv_dereg_mr)(mr) };
+    super::pinned::released(len);
 }
 
 /// A TX chunk is only read by our own device (the source of our writes and sends).
@@ -1002,10 +1056,10 @@ fn local_access() -> i32 {
     ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32
 }
 
+/// An RX buffer is written by the peer and by nothing else: the protocol never reads
+/// one remotely, so RDMA READ is not granted (docs/protocol.md §6).
 fn remote_access() -> i32 {
-    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
-        | ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
-        | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as i32
+    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as i32
 }
 
 /// A cheap per-process random number for spreading connections over vectors.

@@ -12,6 +12,7 @@
 mod dynlib;
 mod endpoint;
 mod map_budget;
+pub mod pinned;
 mod resources;
 mod shared_cq;
 mod system;
@@ -25,7 +26,7 @@ pub use endpoint::{
 pub use map_budget::{map_count_now, maps_for_clients, max_map_count, MAPS_PER_NEW_ENDPOINT};
 pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
 pub use shared_cq::{CqBudget, SharedCq, WorkCompletion, MAX_SHARED_CQES};
-pub use system::{device_count, fork_init, memlock_limit, wait_readable};
+pub use system::{device_count, fork_init, memlock_limit, physical_memory, wait_readable};
 
 /// The verbs or rdma_cm operation that failed, so that callers can tell failures apart
 /// (and give operators the right hint) without comparing strings.
@@ -57,6 +58,9 @@ pub enum VerbsOp {
     CreateQp,
     ModifyQp,
     RegMr,
+    /// A registration that would pass the module's pinned-memory ceiling (`EDQUOT`;
+    /// [`pinned`]).
+    PinnedCeiling,
     /// Mapping a pinned buffer.
     Mmap,
     /// Making a pinned buffer's guard page.
@@ -99,6 +103,7 @@ impl VerbsOp {
             VerbsOp::CreateQp => "rdma_create_qp",
             VerbsOp::ModifyQp => "ibv_modify_qp",
             VerbsOp::RegMr => "ibv_reg_mr",
+            VerbsOp::PinnedCeiling => "admission by the pinned-memory ceiling (max-pinned)",
             VerbsOp::Mmap => "mmap",
             VerbsOp::Mprotect => "mprotect (guard page)",
             VerbsOp::SetNonblocking => "fcntl(O_NONBLOCK)",

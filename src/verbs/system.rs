@@ -21,11 +21,21 @@ pub fn device_count() -> usize {
 
 /// `ibv_fork_init`: keeps registered memory out of fork children (BGSAVE), which must
 /// not share pages the NIC writes into. Must run before any memory is registered.
-pub fn fork_init() {
-    if let Ok(l) = lib() {
-        // SAFETY: no arguments; called once at start-up, before any registration.
-        unsafe { (l.ibv_fork_init)() };
+/// Err: the errno it returned (the memory would then be shared with fork children).
+pub fn fork_init() -> std::result::Result<(), i32> {
+    let Ok(l) = lib() else { return Ok(()) };
+    // SAFETY: no arguments; called once at start-up, before any registration.
+    match unsafe { (l.ibv_fork_init)() } {
+        0 => Ok(()),
+        errno => Err(errno),
     }
+}
+
+/// The machine's memory in bytes (0 if unknown).
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads system constants.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
 }
 
 /// The soft `RLIMIT_MEMLOCK` in bytes; `None` when unlimited or unknown.

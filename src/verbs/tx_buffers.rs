@@ -5,7 +5,7 @@
 //! (RegisterXferMemory) or released when the connection idles. Work requests posted
 //! before that may still read the old buffer: the peer may re-register before our last
 //! writes into its old buffer completed on our side (a retransmission reads them
-//! again), and a hostile peer may do it at any time (review fault 2). So a replaced
+//! again), and a hostile peer may do it at any time. So a replaced
 //! buffer is *retired*, not freed, until the send queue has completed every work request
 //! posted before it was replaced. An RC send queue completes in order, so "the work
 //! request numbered `seq` completed" means every one before it did too.
@@ -13,6 +13,12 @@
 //! `B` frees itself when dropped (the endpoint's `TxRegion` deregisters its memory
 //! region), so "free" here is "drop".
 #![forbid(unsafe_code)]
+
+/// Replaced buffers a connection may have waiting for their writes at once. A peer
+/// that enlarges its window only after reading what was written (every client that
+/// follows the protocol) leaves at most one; more means writes that never complete,
+/// kept so by the peer, and each pins what was written into it.
+pub(crate) const MAX_RETIRED: usize = 4;
 
 pub(crate) struct TxBuffers<B> {
     current: Option<B>,
@@ -96,12 +102,18 @@ impl<B> TxBuffers<B> {
     }
 
     /// Makes `new` the current buffer. The old one is retired: work requests posted so
-    /// far may read it.
-    pub(crate) fn replace(&mut self, new: Option<B>) {
+    /// far may read it. Refused, changing nothing, when that would hold more than
+    /// [`MAX_RETIRED`] retired buffers: Err is how many are held.
+    pub(crate) fn replace(&mut self, new: Option<B>) -> Result<(), usize> {
+        self.free_done();
+        if self.current.is_some() && self.retired.len() >= MAX_RETIRED {
+            return Err(self.retired.len());
+        }
         if let Some(old) = std::mem::replace(&mut self.current, new) {
             self.retired.push((old, self.posted));
         }
         self.free_done();
+        Ok(())
     }
 
     /// Gives up the current buffer if no work request is in flight, so none can read
@@ -148,10 +160,10 @@ mod tests {
     #[test]
     fn a_buffer_replaced_while_a_write_from_it_is_in_flight_lives_until_that_write_completes() {
         let (mut tx, freed) = setup();
-        tx.replace(Some(Buf("old", freed.clone())));
+        tx.replace(Some(Buf("old", freed.clone()))).unwrap();
         let write = tx.next_seq();
         tx.on_posted(); // a write from "old", not completed yet
-        tx.replace(Some(Buf("new", freed.clone()))); // RegisterXferMemory arrives now
+        tx.replace(Some(Buf("new", freed.clone()))).unwrap(); // RegisterXferMemory arrives now
         assert!(freed.borrow().is_empty(), "the NIC may still read the old buffer");
         assert_eq!(tx.held().count(), 2);
         let later = tx.next_seq();
@@ -166,11 +178,11 @@ mod tests {
     #[test]
     fn a_buffer_replaced_with_nothing_in_flight_is_freed_at_once() {
         let (mut tx, freed) = setup();
-        tx.replace(Some(Buf("a", freed.clone())));
+        tx.replace(Some(Buf("a", freed.clone()))).unwrap();
         let s = tx.next_seq();
         tx.on_posted();
         tx.on_completed(s);
-        tx.replace(Some(Buf("b", freed.clone())));
+        tx.replace(Some(Buf("b", freed.clone()))).unwrap();
         assert_eq!(*freed.borrow(), ["a"]);
     }
 
@@ -179,11 +191,11 @@ mod tests {
         let (mut tx, freed) = setup();
         let mut seqs = vec![];
         for name in ["a", "b", "c"] {
-            tx.replace(Some(Buf(name, freed.clone())));
+            tx.replace(Some(Buf(name, freed.clone()))).unwrap();
             seqs.push(tx.next_seq());
             tx.on_posted();
         }
-        tx.replace(None); // "c" retired too
+        tx.replace(None).unwrap(); // "c" retired too
         tx.on_completed(seqs[1]); // in order: a's and b's writes completed
         assert_eq!(*freed.borrow(), ["a", "b"]);
         tx.on_completed(seqs[0]); // an older completion changes nothing
@@ -196,7 +208,7 @@ mod tests {
     #[test]
     fn an_idle_buffer_is_released_only_when_nothing_is_in_flight() {
         let (mut tx, freed) = setup();
-        tx.replace(Some(Buf("a", freed.clone())));
+        tx.replace(Some(Buf("a", freed.clone()))).unwrap();
         let s = tx.next_seq();
         tx.on_posted();
         assert!(tx.release_if_quiet().is_none());
@@ -231,11 +243,28 @@ mod tests {
     #[test]
     fn clear_frees_current_and_retired() {
         let (mut tx, freed) = setup();
-        tx.replace(Some(Buf("a", freed.clone())));
+        tx.replace(Some(Buf("a", freed.clone()))).unwrap();
         tx.on_posted();
-        tx.replace(Some(Buf("b", freed.clone())));
+        tx.replace(Some(Buf("b", freed.clone()))).unwrap();
         tx.clear();
         assert_eq!(freed.borrow().len(), 2);
         assert_eq!(tx.held().count(), 0);
+    }
+
+    #[test]
+    fn at_most_max_retired_buffers_wait_for_their_writes() {
+        let (mut tx, freed) = setup();
+        let first = tx.next_seq();
+        for name in ["a", "b", "c", "d", "e"] {
+            tx.replace(Some(Buf(name, freed.clone()))).unwrap();
+            tx.on_posted(); // a write from it that does not complete (the peer keeps it so)
+        }
+        assert_eq!(tx.held().count(), 1 + MAX_RETIRED);
+        assert_eq!(tx.replace(Some(Buf("f", freed.clone()))), Err(MAX_RETIRED), "a fifth is refused");
+        assert_eq!(tx.current().map(|b| b.0), Some("e"), "nothing changed");
+        assert_eq!(*freed.borrow(), ["f"], "the refused buffer is dropped by the caller's side");
+        tx.on_completed(first); // "a"'s write completed: one retired buffer freed
+        tx.replace(Some(Buf("g", freed.clone()))).unwrap();
+        assert_eq!(tx.current().map(|b| b.0), Some("g"));
     }
 }

@@ -206,7 +206,7 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     timeout 30 "$RDMA_CLI" "${r[@]}" --hostile short-control > /dev/null 2>&1
     timeout 30 "$RDMA_CLI" "${r[@]}" --hostile imm-overrun > /dev/null 2>&1
     expect_eq "protocol_violations" "$(rdma_info protocol_violations)" \
-        "bad_control_length=1,unknown_opcode=0,unexpected_opcode=0,bad_register_length=0,rx_overrun=1" || return 1
+        "bad_control_length=1,unknown_opcode=0,unexpected_opcode=0,bad_register_length=0,rx_overrun=1,bad_register_address=0,windows_in_flight=0" || return 1
     [ "$(rdma_info completion_wakeups)" -gt 0 ] && [ "$(rdma_info completions)" -gt 0 ] || { fail "no completions counted"; return 1; }
     "$CLI912" -h 127.0.0.1 -p "$PORT" INFO rdma | tr -d '\r' | sed 's/^/# after: /'
     server_alive
@@ -334,7 +334,7 @@ case_memlock_too_low() {  # ulimit -l too low: the client is refused with a hint
     grep "ulimit -l" "$SERVER_LOG" | sed 's/^/# log: /'
     grep -q "RDMA: memlock: the locked-memory limit (ulimit -l) is 64 KiB" "$SERVER_LOG" || { fail "no start-up warning about the locked-memory limit"; return 1; }
     grep -q "refused.*ulimit -l" "$SERVER_LOG" || { fail "the refused client's log line does not say to raise ulimit -l"; tail -n 5 "$SERVER_LOG"; return 1; }
-    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=1,accept=0,migrate=0" || return 1
+    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=1,accept=0,migrate=0,handshakes=0" || return 1
     expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1
     server_alive
 }
@@ -365,7 +365,7 @@ case_map_count_too_low() {  # vm.max_map_count reached: new clients refused with
     [ "$held" -ge 5 ] && [ "$held" -lt 40 ] || { fail "$held of 40 held: expected some admitted and some refused"; rc=1; }
     grep -q "refused.*raise vm.max_map_count" "$SERVER_LOG" || { fail "no refusal naming vm.max_map_count in the log"; rc=1; }
     local rej; rej=$(rdma_info rejected_connections)
-    expect_eq "INFO rdma: rejected_connections" "$rej" "resources=$((40 - held)),accept=0,migrate=0" || rc=1
+    expect_eq "INFO rdma: rejected_connections" "$rej" "resources=$((40 - held)),accept=0,migrate=0,handshakes=0" || rc=1
     [ "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)" = PONG ] || { fail "no PONG after the limit was raised again"; rc=1; }
     server_alive && return $rc
 }
@@ -570,7 +570,7 @@ case_rejections_counted() {  # rdma_migrate_id and rdma_accept failing: refused,
     done
     grep "refused" "$SERVER_LOG" | sed 's/^/# log: /'
     expect_eq "log lines of refusals" "$(grep -c "refused" "$SERVER_LOG")" 2 || return 1
-    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=0,accept=1,migrate=1" || return 1
+    expect_eq "INFO rdma: rejected_connections" "$(rdma_info rejected_connections)" "resources=0,accept=1,migrate=1,handshakes=0" || return 1
     expect_eq "the third client is served" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
     expect_eq "INFO rdma: total_connections_received" "$(rdma_info total_connections_received)" 1 || return 1
     expect_eq "INFO rdma: connected_clients" "$(rdma_info connected_clients)" 0 || return 1

@@ -103,6 +103,7 @@ run_case "$IMPL valkey-9.1.2 control messages: features, keepalive" case_control
 . "$(dirname "$(readlink -f "$0")")/shapes.sh"
 if [ "$IMPL" = ours ]; then
     . "$(dirname "$(readlink -f "$0")")/ours.sh"
+    . "$(dirname "$(readlink -f "$0")")/contract.sh"
     . "$(dirname "$(readlink -f "$0")")/bridge.sh"
 fi
 summary
