@@ -5,7 +5,11 @@
 #   ./ready once the other guest's connections are in, waits for ./linkdown (the host
 #   pulled the other guest's cable), then counts how long until they are closed.
 # client: N idle RDMA connections to the server (valkey-benchmark --rdma -I), held
-#   until the guest is stopped.
+#   until the guest is stopped. Before that, from this other host: PING over RDMA and
+#   over TCP to the server guest's second server (port PORT+1, protected mode on, no
+#   password), and CLIENT INFO over RDMA to the first; the answers go to ./protected.out.
+# Server guest, before the rest: that protected server, asked from the server's own
+#   address over RDMA and TCP (lines "# protected mode ...").
 set -uo pipefail
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
 N=20
@@ -14,6 +18,12 @@ role=$1
 if [ "$role" = client ]; then
     server=$2 port=$3
     for _ in $(seq 1 300); do "$CLI912" -h "$server" -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.2; done
+    {
+        r=$(timeout 20 "$CLI912" --rdma -h "$server" -p $((port + 1)) PING 2>&1 | head -c 40)
+        echo "protected_rdma=${r:-<no reply: the connection was closed>}"
+        echo "protected_tcp=$(timeout 20 "$CLI912" -h "$server" -p $((port + 1)) PING 2>&1 | head -c 40)"
+        echo "client_info=$(timeout 20 "$CLI912" --rdma -h "$server" -p "$port" CLIENT INFO 2>&1 | cut -d' ' -f1-4)"
+    } > protected.out
     echo "# client guest: the server answers over TCP across the wire; opening $N idle RDMA connections"
     exec "$BENCH912" --rdma -h "$server" -p "$port" -I -c "$N"
 fi
@@ -24,6 +34,11 @@ case "$impl" in
     c) MODARGS=(--loadmodule "$VALKEY_912/src/valkey-rdma.so" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@) ;;
     *) echo "linkdown-guest: unknown module $impl"; exit 2 ;;
 esac
+# The protected server first (port 6380): protected mode on, no password. Upstream's rule,
+# kept: an RDMA client is local when it comes from the server's own address.
+NEXT_PORT=6380
+start_server "protected-$impl" "$VALKEY_912/src/valkey-server" "${MODARGS[@]}" --protected-mode yes || exit 1
+echo "# protected mode ($impl), from the server's own address $RDMA_ADDR: RDMA $(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1 | head -c 40), TCP $(timeout 20 "$CLI912" -h "$RDMA_ADDR" -p "$PORT" PING 2>&1 | head -c 40)"
 NEXT_PORT=6379
 start_server "linkdown-$impl" "$VALKEY_912/src/valkey-server" "${MODARGS[@]}" || exit 1
 # connected_clients counts the TCP client that asks, too.

@@ -74,6 +74,25 @@ for impl in "${IMPLS[@]}"; do
     fi
     if [ $ok = 1 ]; then PASSED=$((PASSED + 1)); echo "ok - linkdown $impl"
     else FAILED=$((FAILED + 1)); echo "not ok - linkdown $impl"; fi
+    # Protected mode across hosts (docs/server-abi.md §4.6): a client on the other guest
+    # is refused over RDMA as over TCP; one from the server's own address is served;
+    # CLIENT INFO shows the other host's address.
+    sed 's/^/# client guest: /' "$D/client/protected.out" 2>/dev/null
+    local_line=$(grep -o "# protected mode.*" "$D/server.out")
+    pok=1
+    # over RDMA the DENIED text cannot go out before the client's first RegisterXferMemory
+    # (the server writes it at accept): refused shows as the connection closed
+    grep -q "^protected_rdma=." "$D/client/protected.out" 2>/dev/null || pok=0
+    grep -q "^protected_rdma=PONG" "$D/client/protected.out" 2>/dev/null && pok=0
+    grep -q "^protected_tcp=DENIED" "$D/client/protected.out" 2>/dev/null || pok=0
+    grep -q "^client_info=id=[0-9]* addr=$CLIENT_ADDR:" "$D/client/protected.out" 2>/dev/null || pok=0
+    grep -q "RDMA PONG" <<< "$local_line" || pok=0
+    if [ "$impl" = ours ]; then
+        if [ $pok = 1 ]; then PASSED=$((PASSED + 1)); echo "ok - protected mode across hosts $impl"
+        else FAILED=$((FAILED + 1)); echo "not ok - protected mode across hosts $impl (want refused over RDMA and DENIED over TCP from the other host, PONG over RDMA from the server's own address, CLIENT INFO addr=$CLIENT_ADDR)"; fi
+    else
+        echo "# protected mode across hosts, $impl (measured, not required): $([ $pok = 1 ] && echo as ours || echo differs)"
+    fi
 done
 echo "linkdown: $PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]
