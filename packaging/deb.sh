@@ -12,6 +12,7 @@ MODULE_PATH=/$(sed -n 's|^ *\["target/release/librdma.so", *"\([^"]*\)".*|\1|p' 
 mkdir -p target/deb-assets
 sed "s|@MODULE_PATH@|$MODULE_PATH|" packaging/valkey-rdma.conf.in > target/deb-assets/valkey-rdma.conf
 gzip -9n -c packaging/changelog > target/deb-assets/changelog.Debian.gz
+for page in packaging/man/*.[17]; do gzip -9n -c "$page" > "target/deb-assets/$(basename "$page").gz"; done
 if ! command -v cargo-deb > /dev/null; then
     echo "deb.sh: installing cargo-deb from crates.io" >&2
     cargo install cargo-deb --locked >&2

@@ -145,7 +145,7 @@ enum End {
 }
 
 fn serve(tcp: TcpStream, peer: SocketAddr, to: SocketAddr, cfg: &Config) {
-    let opts = Options { rx_size: cfg.rx_size, timeout: cfg.timeout };
+    let opts = Options { rx_size: cfg.rx_size, timeout: cfg.timeout, ..Options::default() };
     let mut rdma = match RdmaStream::connect(to, &opts) {
         Ok(s) => s,
         Err(e) => {

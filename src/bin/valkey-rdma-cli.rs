@@ -1,38 +1,64 @@
 //! valkey-rdma-cli: send one command to a Valkey server over RDMA and print the reply
 //! as valkey-cli does.
 //!
-//!   valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]
-//!   valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS
-//!   valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]   (test peer)
-//!   valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS   (features, keepalives)
+//!   valkey-rdma-cli [-h HOST] [-p PORT] [-a PASS] [--user U] [-n DB] [-r N] [-i SECS] [-c] [-t SECS]
+//!                   [-x] [--raw|--no-raw] COMMAND [ARG...]
+//!   valkey-rdma-cli [connection options] --pipeline < COMMANDS
+//!
+//! The options valkey-cli also has mean what they mean there; `--rdma` is accepted and
+//! implied (every connection is RDMA). Options of valkey-cli this tool does not have are
+//! refused by name (`UNSUPPORTED`).
 //!   valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]
 
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
 use rdma::client::cluster::ClusterClient;
-use rdma::client::{hostile, resp, Client, Options, Reply};
+use rdma::client::{resp, Client, Options, Reply};
+
+/// valkey-cli options this tool does not offer, and what to do instead.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("-s", "no Unix sockets over RDMA"),
+    ("-u", "no URIs; use -h, -p, -a, --user, -n"),
+    ("--tls", "no TLS over RDMA"),
+    ("--eval", "send EVAL as a command"),
+    ("--ldb", "script debugging needs TCP (a fork child cannot use RDMA)"),
+    ("--scan", "send SCAN as a command"),
+    ("--bigkeys", "not available"),
+    ("--memkeys", "not available"),
+    ("--latency", "use valkey-rdma-bench"),
+    ("--stat", "use INFO"),
+    ("--pipe", "use --pipeline"),
+    ("--replica", "replication needs TCP"),
+    ("--rdb", "replication needs TCP"),
+    ("--cluster", "use valkey-cli over TCP for cluster management; -c follows redirections"),
+];
 
 fn usage() -> ! {
-    eprintln!("usage: valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [-x] [--raw|--no-raw] COMMAND [ARG...]");
-    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] [-c] [-t SECS] [--raw|--no-raw] --pipeline < COMMANDS");
-    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --hostile CASE [--hold SECS]");
-    eprintln!("       valkey-rdma-cli [-h HOST] [-p PORT] --probe SECS");
+    eprintln!(
+        "usage: valkey-rdma-cli [-h HOST] [-p PORT] [-a PASS] [--user U] [-n DB] [-r N] [-i SECS] [-c] [-t SECS]"
+    );
+    eprintln!("                       [-x] [--raw|--no-raw] COMMAND [ARG...]");
+    eprintln!("       valkey-rdma-cli [connection options] --pipeline < COMMANDS");
     eprintln!("       valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]");
-    eprintln!("  --probe SECS  ask GetServerFeature, send SetClientFeature 0, count Keepalives for SECS, PING");
     eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory and memory mappings");
     eprintln!("          for N clients, bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
     eprintln!("  -c      cluster mode: HOST:PORT is a seed; each command goes to the node serving its key,");
     eprintln!("          following MOVED/ASK redirections (every node must listen for RDMA on its own port)");
+    eprintln!("  -a PASS, --pass PASS  password (AUTH on every connection); --user U: ACL user name");
+    eprintln!("  -n DB   database number (SELECT on every connection)");
+    eprintln!("  -r N    run the command N times; -i SECS: wait SECS between runs");
+    eprintln!("  --rdma  accepted and implied: every connection is RDMA");
     eprintln!("  -t SECS connect and reply timeout (default 10)");
     eprintln!("  -x      read the last argument from standard input");
     eprintln!("  --then-idle SECS  keep the connection open, idle, for SECS after the reply (a pooled client)");
     eprintln!("  --pipeline  read commands from standard input, one per line (words split on spaces),");
     eprintln!("              send them all at once, print each reply as valkey-cli does");
-    eprintln!("hostile cases (for robustness tests):");
-    for (name, what) in hostile::CASES {
-        eprintln!("  {name:22} {what}");
+    eprint!("not supported (valkey-cli has them):");
+    for (opt, _) in UNSUPPORTED {
+        eprint!(" {opt}");
     }
+    eprintln!();
     std::process::exit(2)
 }
 
@@ -66,13 +92,13 @@ fn main() {
     }
     let mut host = "127.0.0.1".to_string();
     let mut port = 6379u16;
-    let (mut stdin_arg, mut hostile_case, mut hold) = (false, None, 5u64);
+    let mut stdin_arg = false;
     let mut opts = Options::default();
-    let mut probe = None;
     let mut pipeline = false;
     let mut cluster = false;
     let mut then_idle = 0f64;
     let mut raw = !std::io::stdout().is_terminal();
+    let (mut user, mut pass, mut repeat, mut interval) = (None, None, 1u64, 0f64);
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -85,11 +111,21 @@ fn main() {
                 opts.timeout =
                     Duration::from_secs_f64(args.next().and_then(|t| t.parse().ok()).unwrap_or_else(|| usage()))
             }
+            "-a" | "--pass" if words.is_empty() => pass = Some(args.next().unwrap_or_else(|| usage())),
+            "--user" if words.is_empty() => user = Some(args.next().unwrap_or_else(|| usage())),
+            "-n" if words.is_empty() => {
+                opts.db = Some(args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage()))
+            }
+            "-r" if words.is_empty() => repeat = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage()),
+            "-i" if words.is_empty() => interval = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| usage()),
+            "--rdma" if words.is_empty() => {}
+            o if words.is_empty() && UNSUPPORTED.iter().any(|(u, _)| *u == o) => {
+                let why = UNSUPPORTED.iter().find(|(u, _)| *u == o).map_or("", |(_, w)| w);
+                eprintln!("valkey-rdma-cli: {o} is not supported: {why}");
+                std::process::exit(2)
+            }
             "--raw" if words.is_empty() => raw = true,
             "--no-raw" if words.is_empty() => raw = false,
-            "--hostile" if words.is_empty() => hostile_case = Some(args.next().unwrap_or_else(|| usage())),
-            "--probe" if words.is_empty() => probe = args.next().and_then(|p| p.parse::<f64>().ok()),
-            "--hold" if words.is_empty() => hold = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage()),
             "--pipeline" if words.is_empty() => pipeline = true,
             "--then-idle" if words.is_empty() => {
                 then_idle = args.next().and_then(|p| p.parse().ok()).unwrap_or_else(|| usage())
@@ -101,20 +137,10 @@ fn main() {
     if cluster && then_idle > 0.0 {
         usage(); // --then-idle keeps one connection open: a single-node measurement
     }
+    if let Some(pass) = pass {
+        opts.auth = Some((user, pass));
+    }
     let addr = format!("{host}:{port}");
-    if let Some(case) = hostile_case {
-        match hostile::run(&case, &addr, Duration::from_secs(hold)) {
-            Ok(outcome) => println!("{outcome:?}"),
-            Err(e) => {
-                eprintln!("hostile {case}: {e}");
-                std::process::exit(1)
-            }
-        }
-        return;
-    }
-    if let Some(secs) = probe {
-        return run_probe(&addr, opts, Duration::from_secs_f64(secs));
-    }
     if pipeline {
         return run_pipeline(&addr, opts, cluster, raw);
     }
@@ -128,11 +154,16 @@ fn main() {
     }
     let mut client = Target::connect(&addr, opts, cluster);
     let argv: Vec<&[u8]> = words.iter().map(|w| w.as_slice()).collect();
-    let reply = client.command(&argv).unwrap_or_else(|e| {
-        eprintln!("Error: {e}");
-        std::process::exit(1)
-    });
-    print_reply(&reply, raw, &mut std::io::stdout().lock());
+    for run in 0..repeat.max(1) {
+        if run > 0 && interval > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(interval));
+        }
+        let reply = client.command(&argv).unwrap_or_else(|e| {
+            eprintln!("Error: {e}");
+            std::process::exit(1)
+        });
+        print_reply(&reply, raw, &mut std::io::stdout().lock());
+    }
     if let (Target::Node(client), true) = (&mut client, then_idle > 0.0) {
         // a pooled client: the connection stays open, idle, after its command
         let _ = std::io::stdout().flush();
@@ -211,22 +242,6 @@ fn run_pipeline(addr: &str, opts: Options, cluster: bool, raw: bool) {
     for r in &replies {
         print_reply(r, raw, &mut out);
     }
-}
-
-/// The control-message side of a server: what it answers to GetServerFeature, whether
-/// it accepts SetClientFeature 0, and how many Keepalives arrive in `wait`.
-fn run_probe(addr: &str, opts: Options, wait: Duration) {
-    let fail = |e: rdma::client::ClientError| -> ! {
-        eprintln!("probe {addr}: {e}");
-        std::process::exit(1)
-    };
-    let mut c = Client::connect(addr, opts).unwrap_or_else(|e| fail(e));
-    let features = c.stream().server_features().unwrap_or_else(|e| fail(e));
-    c.stream().set_client_features(0).unwrap_or_else(|e| fail(e));
-    c.stream().settle(wait).unwrap_or_else(|e| fail(e));
-    let keepalives = c.stream().keepalives;
-    let ping = c.command(&[b"PING"]).unwrap_or_else(|e| fail(e));
-    println!("features={features} keepalives={keepalives} ping={ping:?}");
 }
 
 /// valkey-cli's output when not on a terminal: bare values, one per line.

@@ -95,11 +95,15 @@ pub struct Options {
     pub rx_size: u32,
     /// Connect and per-operation timeout.
     pub timeout: Duration,
+    /// `AUTH [user] password`, sent on every new connection before anything else.
+    pub auth: Option<(Option<String>, String)>,
+    /// `SELECT db` on every new connection (`None`: the server's default, 0).
+    pub db: Option<u32>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { rx_size: DEFAULT_RX_SIZE, timeout: Duration::from_secs(10) }
+        Options { rx_size: DEFAULT_RX_SIZE, timeout: Duration::from_secs(10), auth: None, db: None }
     }
 }
 
@@ -473,13 +477,33 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects, then authenticates and selects the database the options name; an
+    /// error reply to either is [`ClientError::Refused`] with the server's text.
     pub fn connect(addr: impl ToSocketAddrs, opts: Options) -> Result<Client> {
-        Ok(Client {
+        let mut c = Client {
             stream: RdmaStream::connect(addr, &opts)?,
             inbuf: Vec::new(),
             chunk: vec![0; 256 * 1024],
             scanner: Default::default(),
-        })
+        };
+        let db = opts.db.map(|n| n.to_string());
+        let mut setup: Vec<Vec<&[u8]>> = Vec::new();
+        match &opts.auth {
+            Some((Some(user), pass)) => setup.push(vec![b"AUTH", user.as_bytes(), pass.as_bytes()]),
+            Some((None, pass)) => setup.push(vec![b"AUTH", pass.as_bytes()]),
+            None => {}
+        }
+        if let Some(db) = &db {
+            setup.push(vec![b"SELECT", db.as_bytes()]);
+        }
+        if !setup.is_empty() {
+            for reply in c.pipeline(&setup)? {
+                if let Reply::Error(e) = reply {
+                    return Err(ClientError::Refused(e));
+                }
+            }
+        }
+        Ok(c)
     }
 
     pub fn stream(&mut self) -> &mut RdmaStream {

@@ -105,7 +105,7 @@ run_case "ours clients SIGKILLed while pipelining 4 KiB SETs (io-threads 4) are 
 
 case_feature_flood() {  # 2000 unsupported SetClientFeature at loglevel debug: the log lines about them are bounded
     start_server featflood "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --loglevel debug || return 1
-    local out; out=$(timeout 120 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile feature-flood 2>&1); local rc=$?
+    local out; out=$(timeout 120 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile feature-flood 2>&1); local rc=$?
     echo "# hostile feature-flood: $(echo "$out" | tr '\n' ' ') (exit $rc)"
     expect_eq "outcome" "$(echo "$out" | tail -n1)" StillOpen || return 1
     local lines; lines=$(grep -c "SetClientFeature" "$SERVER_LOG")
@@ -118,7 +118,7 @@ run_case "ours hostile: SetClientFeature flood at loglevel debug (log lines boun
 
 case_register_wrap() {  # RegisterXferMemory whose region wraps past 2^64: a protocol violation, not a failed write
     start_server regwrap "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    local out; out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile register-wrap 2>&1)
+    local out; out=$(timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile register-wrap 2>&1)
     echo "# hostile register-wrap: $out"
     expect_eq "outcome" "$out" ClosedByServer || return 1
     local v; v=$(rdma_info protocol_violations); echo "# INFO rdma protocol_violations: $v"
@@ -131,7 +131,7 @@ run_case "ours hostile: RegisterXferMemory wrapping the address space is a viola
 
 case_rdma_read_refused() {  # an RDMA READ of the server's RX buffer fails (the protocol never reads)
     start_server rdmaread "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    local out; out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile rdma-read 2>&1)
+    local out; out=$(timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile rdma-read 2>&1)
     echo "# hostile rdma-read: $out"
     expect_eq "outcome" "$out" ReadRefused || return 1
     expect_serving "after the refused read" && server_alive
@@ -140,7 +140,7 @@ run_case "ours hostile: an RDMA READ of the server's RX buffer is refused" case_
 
 case_grow_in_flight() {  # infinite RNR retry, no receives, 200 larger windows with replies in flight: closed at the bound
     start_server growflight "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    local out; out=$(timeout 120 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile grow-in-flight 2>&1)
+    local out; out=$(timeout 120 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile grow-in-flight 2>&1)
     echo "$out" | sed 's/^/# hostile grow-in-flight: /'
     expect_eq "outcome" "$(echo "$out" | tail -n1)" ClosedByServer || return 1
     local v; v=$(rdma_info protocol_violations); echo "# INFO rdma protocol_violations: $v"
@@ -156,7 +156,7 @@ case_half_open_flood() {  # 3,000 connect requests never completed: at most 256 
     "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -c 2 -n 100000000 -t ping_mbulk -q > /dev/null 2>&1 &
     local bp=$!
     sleep 2
-    timeout 200 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile half-open-flood --hold 5 > "$WORK/halfopen.out" 2>&1 &
+    timeout 200 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile half-open-flood --hold 5 > "$WORK/halfopen.out" 2>&1 &
     local hp=$! max=0 n w0 w1 tcp_fail=0
     w0=$(rdma_info total_rdma_writes_in)
     while kill -0 $hp 2>/dev/null; do

@@ -8,16 +8,19 @@
 RCLI=$PROJECT_ROOT/target/release/valkey-rdma-cli
 BROKEN=()
 
-# step WANT CMD...: prints the command and its output; the step succeeds when the
-# command exits 0 and its output (without carriage returns) contains WANT.
+# step WHAT WANT CMD...: runs CMD; one line: "ok  WHAT: <the output line with WANT>", or
+# "FAILED WHAT" with the exit status and the last lines of the output. The step succeeds
+# when CMD exits 0 and its output (carriage-return progress lines split) contains WANT.
 step() {
-    local want=$1 out rc; shift
-    echo; echo "\$ ${*##*/}"
-    out=$("$@" 2>&1); rc=$?
-    echo "$out" | sed 's/^/  /'
-    if [ $rc != 0 ] || [[ "$(echo "$out" | tr -d '\r')" != *"$want"* ]]; then
-        echo "  ^ FAILED: expected exit 0 and output containing '$want' (exit $rc)"
-        BROKEN+=("${*##*/}")
+    local what=$1 want=$2 out rc line; shift 2
+    out=$("$@" 2>&1 | tr '\r' '\n'); rc=$?
+    line=$(grep -F -m1 -- "$want" <<< "$out" | sed 's/^ *//' | cut -c1-90)
+    if [ $rc = 0 ] && [ -n "$line" ]; then
+        printf '  ok      %-44s %s\n' "$what" "$line"
+    else
+        printf '  FAILED  %-44s (exit %s; wanted output with "%s"); last lines:\n' "$what" "$rc" "$want"
+        grep -v '^ *$' <<< "$out" | tail -n 3 | sed 's/^/            /'
+        BROKEN+=("$what")
     fi
 }
 finish() {
@@ -29,24 +32,31 @@ finish() {
     echo "demo: FAILED - ${#BROKEN[@]} step(s) did not succeed:"; printf '  %s\n' "${BROKEN[@]}"; exit 1
 }
 
-echo "RDMA device(s): $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')   address: $RDMA_ADDR"
+echo "RDMA device(s): $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')  address: $RDMA_ADDR"
 if ! start_server demo "$VALKEY_912/src/valkey-server" --loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@; then
     BROKEN+=("valkey-server 9.1.2 --loadmodule $OUR_MODULE"); finish
 fi
-echo "valkey-server 9.1.2 started with --loadmodule librdma.so --rdma-bind $RDMA_ADDR --rdma-port $PORT"
-grep -E "rdma|RDMA" "$SERVER_LOG" | sed 's/^/  log: /'
-step PONG "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING
-step OK "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" SET greeting "hello over RDMA"
-step "hello over RDMA" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" GET greeting
-step "(integer) 1" "$RCLI" -h "$RDMA_ADDR" -p "$PORT" --no-raw INCR visits
+echo "valkey-server 9.1.2 --loadmodule librdma.so --rdma-bind $RDMA_ADDR --rdma-port $PORT (TCP on the same port)"
+grep -E "RDMA: (connection type|listening)" "$SERVER_LOG" | sed 's/^[0-9]*:[A-Z] /  log: /'
+echo
+step "PING over RDMA (valkey-cli --rdma)" PONG "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING
+step "SET over RDMA" OK "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" SET greeting "hello over RDMA"
+step "GET of the same key over TCP" "hello over RDMA" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" GET greeting
+step "INCR with our valkey-rdma-cli" "(integer) 1" "$RCLI" -h "$RDMA_ADDR" -p "$PORT" --no-raw INCR visits
 readarray -t ELEMS <<< "$(seq 1 20000)"
 "$CLI912" -p "$PORT" RPUSH demo:list "${ELEMS[@]}" > /dev/null
-step "20000" bash -c "'$RCLI' -h '$RDMA_ADDR' -p '$PORT' LRANGE demo:list 0 -1 | tail -n 1"
-step "name=rdma,bind=$RDMA_ADDR" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" INFO server
-step "Valkey Over RDMA test [OK]" "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4
-echo; echo "valkey-benchmark -t set,get -n 20000 -c 8 -q, over RDMA and then over TCP:"
-step "GET: " "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 20000 -c 8 -q
-step "GET: " "$BENCH912" -h "$RDMA_ADDR" -p "$PORT" -t set,get -n 20000 -c 8 -q
-echo; echo "connections received over the run: $("$CLI912" -p "$PORT" INFO stats | tr -d '\r' | sed -n 's/^total_connections_received://p')"
-server_alive && echo "server alive: yes" || { echo "server alive: NO"; BROKEN+=("the server died"); }
+step "LRANGE of 20,000 elements (a multi-block reply)" "20000" bash -c "'$RCLI' -h '$RDMA_ADDR' -p '$PORT' LRANGE demo:list 0 -1 | tail -n 1"
+step "INFO server lists the RDMA listener" "name=rdma,bind=$RDMA_ADDR" "$CLI912" -h "$RDMA_ADDR" -p "$PORT" INFO server
+step "upstream rdma-test --thread 4" "Valkey Over RDMA test [OK]" "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4
+step "valkey-benchmark --rdma -t set,get -c 8" "GET: " bash -o pipefail -c "'$BENCH912' --rdma -h '$RDMA_ADDR' -p '$PORT' -t set,get -n 20000 -c 8 -q | tee '$WORK/demo-rdma.log'"
+step "valkey-benchmark (TCP) -t set,get -c 8" "GET: " bash -o pipefail -c "'$BENCH912' -h '$RDMA_ADDR' -p '$PORT' -t set,get -n 20000 -c 8 -q | tee '$WORK/demo-tcp.log'"
+echo
+echo "  valkey-benchmark -n 20000 -c 8, requests per second:"
+printf '    %-6s %12s %12s\n' "" "over RDMA" "over TCP"
+for t in SET GET; do
+    printf '    %-6s %12s %12s\n' "$t" "$(bench_rps "$WORK/demo-rdma.log" $t)" "$(bench_rps "$WORK/demo-tcp.log" $t)"
+done
+echo
+echo "  connections received over the run: $("$CLI912" -p "$PORT" INFO stats | tr -d '\r' | sed -n 's/^total_connections_received://p')"
+if server_alive; then echo "  ok      the server is alive and answering"; else echo "  FAILED  the server died"; BROKEN+=("the server died"); fi
 finish

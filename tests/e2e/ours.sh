@@ -3,6 +3,7 @@
 
 OURS=(--loadmodule "$OUR_MODULE")
 RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
+TEST_PEER=${TEST_PEER:-$PROJECT_ROOT/target/release/valkey-rdma-test-peer}
 
 case_module_args() {  # TREE: module-argument form bind= port= rx-size= comp-vector=
     local tree=$1 out
@@ -183,7 +184,7 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     # an idle connection: its pinned memory (control slots 64 KiB + RX 64 KiB; no TX buffer:
     # nothing was written to it yet) and its window; the Keepalives it receives are counted
     b[keepalives_sent]=$(rdma_info keepalives_sent)
-    timeout 30 "$RDMA_CLI" "${r[@]}" --probe 4 > "$WORK/info-probe.out" 2>&1 &
+    timeout 30 "$TEST_PEER" "${r[@]}" --probe 4 > "$WORK/info-probe.out" 2>&1 &
     local pp=$!
     sleep 2
     expect_eq "connected_clients, one idle" "$(rdma_info connected_clients)" 1 || return 1
@@ -197,14 +198,14 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     [ "$sent" -ge "${got:-0}" ] && [ "$sent" -le $(( ${got:-0} + 1 )) ] && [ "${got:-0}" -ge 1 ] || { fail "keepalives_sent $sent, received by the probe $got"; return 1; }
     # Keepalives received: a client sends them as fast as it can for 2 s
     b[keepalives_received]=$(rdma_info keepalives_received)
-    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile keepalive-flood --hold 2 > "$WORK/info-flood.out" 2>&1
+    timeout 30 "$TEST_PEER" "${r[@]}" --hostile keepalive-flood --hold 2 > "$WORK/info-flood.out" 2>&1
     cat "$WORK/info-flood.out"
     local flood; flood=$(sed -n 's/^keepalive-flood: \([0-9]*\) messages.*/\1/p' "$WORK/info-flood.out")
     rdma_clients_to 0 10 || return 1
     expect_moved keepalives_received "${b[keepalives_received]}" "$(rdma_info keepalives_received)" "${flood:-none}" || return 1
     # protocol violations by kind
-    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile short-control > /dev/null 2>&1
-    timeout 30 "$RDMA_CLI" "${r[@]}" --hostile imm-overrun > /dev/null 2>&1
+    timeout 30 "$TEST_PEER" "${r[@]}" --hostile short-control > /dev/null 2>&1
+    timeout 30 "$TEST_PEER" "${r[@]}" --hostile imm-overrun > /dev/null 2>&1
     expect_eq "protocol_violations" "$(rdma_info protocol_violations)" \
         "bad_control_length=1,unknown_opcode=0,unexpected_opcode=0,bad_register_length=0,rx_overrun=1,bad_register_address=0,windows_in_flight=0" || return 1
     [ "$(rdma_info completion_wakeups)" -gt 0 ] && [ "$(rdma_info completions)" -gt 0 ] || { fail "no completions counted"; return 1; }
@@ -421,14 +422,14 @@ run_case "ours locked-memory limit too low" case_memlock_too_low
 run_case "ours no /dev/infiniband/rdma_cm" case_no_rdma_cm
 run_case "ours vm.max_map_count reached: new clients refused with the fix, held ones served" case_map_count_too_low
 
-# --- hostile peers (valkey-rdma-cli --hostile): the server survives and serves others ---
+# --- hostile peers (valkey-rdma-test-peer --hostile): the server survives and serves others ---
 
 server_cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"; }
 
 case_hostile() {  # CASE EXPECTED_OUTCOME: one misbehaving client, then a good one
     local hcase=$1 want=$2 out lines
     start_server "hostile-$hcase" "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" 2>&1); local rc=$?
+    out=$(timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" 2>&1); local rc=$?
     echo "# hostile $hcase: ${out:-<no output>} (exit $rc)"
     if [ -n "$want" ]; then expect_eq "outcome of $hcase" "$out" "$want" || return 1; fi
     sleep 1
@@ -444,7 +445,7 @@ case_hostile() {  # CASE EXPECTED_OUTCOME: one misbehaving client, then a good o
 
 case_hostile_no_read() {  # a client that stops reading its replies: no spinning, others served
     start_server noread "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile no-read --hold 8 > "$WORK/noread.out" 2>&1 &
+    timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile no-read --hold 8 > "$WORK/noread.out" 2>&1 &
     local hp=$!
     sleep 3
     local t0 t1; t0=$(server_cpu_ticks)
@@ -461,7 +462,7 @@ case_hostile_no_read() {  # a client that stops reading its replies: no spinning
 case_hostile_flood() {  # CASE: legal messages as fast as possible; another client is served meanwhile
     local hcase=$1
     start_server "flood-$hcase" "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" --hold 8 > "$WORK/flood.out" 2>&1 &
+    timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile "$hcase" --hold 8 > "$WORK/flood.out" 2>&1 &
     local hp=$! got t0
     sleep 3
     t0=$SECONDS
@@ -525,6 +526,10 @@ case_demo_exit_status() {  # ./runtest-rdma --demo's script: 0 when every step w
     echo "$out" | tail -n 3 | sed 's/^/# demo: /'
     expect_eq "exit status of the demo" "$rc" 0 || { echo "$out" | grep -B2 FAILED; return 1; }
     case "$out" in *"demo: OK - every step succeeded"*) ;; *) fail "no success line"; return 1 ;; esac
+    # it reads on two screens: no progress lines, none too long
+    local lines longest; lines=$(wc -l <<< "$out"); longest=$(awk '{ if (length > m) m = length } END { print m }' <<< "$out")
+    echo "# demo output: $lines lines, the longest $longest characters"
+    [ "$lines" -le 48 ] && [ "$longest" -le 160 ] || { fail "the demo's output does not fit on two screens"; return 1; }
     out=$(E2E_BASE_PORT=$((NEXT_PORT + 120)) OUR_MODULE=/nonexistent/librdma.so timeout 300 "$PROJECT_ROOT/tests/e2e/demo.sh" 2>&1); rc=$?
     echo "$out" | tail -n 2 | sed 's/^/# demo with a missing module: /'
     expect_eq "exit status of the demo with a missing module" "$rc" 1 || return 1
@@ -619,10 +624,10 @@ run_case "ours INFO rdma: completion budget hits and pending connections (test k
 
 case_log_rate_limit() {  # 30 violations at once: at most 10 log lines a second, the rest counted
     start_server loglimit "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    local out; out=$(timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile violation-burst 2>&1)
+    local out; out=$(timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile violation-burst 2>&1)
     echo "# $out"
     sleep 1.5
-    timeout 20 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile short-control > /dev/null 2>&1
+    timeout 20 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile short-control > /dev/null 2>&1
     local v; v=$(dict_get "$(rdma_info protocol_violations)" bad_control_length)
     expect_eq "INFO rdma: bad_control_length violations" "$v" 31 || return 1
     local lines suppressed
@@ -638,7 +643,7 @@ run_case "ours per-connection log lines are rate-limited" case_log_rate_limit
 
 case_work_request_error() {  # a wrong rkey: the server's write fails, counted once, connection closed
     start_server wrerr "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    local out; out=$(timeout 30 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile bad-rkey 2>&1)
+    local out; out=$(timeout 30 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile bad-rkey 2>&1)
     echo "# hostile bad-rkey: $out"
     sleep 1
     grep "closing the connection" "$SERVER_LOG" | sed 's/^/# log: /'
@@ -680,7 +685,7 @@ case_dead_peer_silent() {
     local healthy=$!
     rdma_clients_to 1 20 || { fail "the healthy client did not connect"; return 1; }
     local e0; e0=$(dict_get "$(rdma_info errors)" peer_silent)
-    timeout 60 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile vanish --hold 40 > "$WORK/vanish.out" 2>&1 &
+    timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile vanish --hold 40 > "$WORK/vanish.out" 2>&1 &
     local vp=$!
     for _ in $(seq 100); do grep -q "silent from now on" "$WORK/vanish.out" && break; sleep 0.1; done
     local t0=$SECONDS
@@ -705,7 +710,7 @@ run_case "ours dead peers: a peer that falls silent is closed within 20 s, idle 
 # rdma_errors handshake_timeout.
 case_half_open_connect() {
     start_server halfopen "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    timeout 120 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --hostile no-rtu --hold 100 > "$WORK/nortu.out" 2>&1 &
+    timeout 120 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile no-rtu --hold 100 > "$WORK/nortu.out" 2>&1 &
     local hp=$! t0=$SECONDS i
     for i in $(seq 1 100); do [ "$(rdma_info total_connections_received)" = 1 ] && break; sleep 0.1; done
     expect_eq "the request was accepted" "$(rdma_info total_connections_received)" 1 || { kill $hp; return 1; }
@@ -724,3 +729,22 @@ case_half_open_connect() {
     server_alive
 }
 run_case "ours a connect request left half open is given up within the handshake deadline and freed" case_half_open_connect
+
+case_cli_options() {  # valkey-rdma-cli takes valkey-cli's -a --user -n -r -i --rdma, and refuses what it lacks by name
+    start_server clio "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    "$CLI912" -p "$PORT" CONFIG SET requirepass s3cret > /dev/null   # (after start: start_server PINGs without it)
+    local r=(-h "$RDMA_ADDR" -p "$PORT")
+    expect_eq "-a PASS -n 3 SET" "$(timeout 20 "$RDMA_CLI" "${r[@]}" -a s3cret -n 3 SET clikey v1 2>&1)" OK || return 1
+    expect_eq "the key is in db 3 (valkey-cli over TCP)" "$("$CLI912" -p "$PORT" -a s3cret --no-auth-warning -n 3 GET clikey)" v1 || return 1
+    expect_eq "--user default --pass, --rdma accepted" "$(timeout 20 "$RDMA_CLI" "${r[@]}" --rdma --user default --pass s3cret -n 3 GET clikey 2>&1)" v1 || return 1
+    expect_eq "-r 3 -i 0.1 INCR" "$(timeout 20 "$RDMA_CLI" "${r[@]}" -a s3cret -r 3 -i 0.1 INCR clicount 2>&1 | tr '\n' ' ')" "1 2 3 " || return 1
+    local out rc; out=$(timeout 20 "$RDMA_CLI" "${r[@]}" -a wrong PING 2>&1); rc=$?
+    echo "# a wrong password: $out (exit $rc)"
+    [ $rc = 1 ] && [[ $out == *WRONGPASS* ]] || { fail "a wrong password is not reported"; return 1; }
+    out=$(timeout 20 "$RDMA_CLI" "${r[@]}" --ldb PING 2>&1); rc=$?
+    echo "# --ldb: $out (exit $rc)"
+    [ $rc = 2 ] && [[ $out == *"--ldb is not supported"* ]] || { fail "--ldb is not refused by name"; return 1; }
+    "$CLI912" -p "$PORT" -a s3cret --no-auth-warning CONFIG SET requirepass "" > /dev/null
+    server_alive
+}
+run_case "ours valkey-rdma-cli: valkey-cli's -a --user -n -r -i --rdma; missing options refused by name" case_cli_options

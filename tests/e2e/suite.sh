@@ -92,7 +92,7 @@ case_control_messages() {  # TREE: GetServerFeature answered, SetClientFeature 0
     local tree=$1 out
     rdma_server_args "$tree"
     start_server probe "$tree/src/valkey-server" "${SARGS[@]}" || return 1
-    out=$(timeout 60 "$PROJECT_ROOT/target/release/valkey-rdma-cli" -h "$RDMA_ADDR" -p "$PORT" --probe 7 2>&1); echo "# $out"
+    out=$(timeout 60 "$PROJECT_ROOT/target/release/valkey-rdma-test-peer" -h "$RDMA_ADDR" -p "$PORT" --probe 7 2>&1); echo "# $out"
     local n; n=$(echo "$out" | sed -n 's/.*keepalives=\([0-9]*\).*/\1/p')
     case "$out" in "features=0 keepalives="*' ping=Status("PONG")') ;; *) fail "unexpected probe result"; return 1 ;; esac
     [ "${n:-0}" -ge 2 ] || { fail "fewer than 2 Keepalives in 7 s"; return 1; }
