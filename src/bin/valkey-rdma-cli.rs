@@ -4,6 +4,7 @@
 //!   valkey-rdma-cli [-h HOST] [-p PORT] [-a PASS] [--user U] [-n DB] [-r N] [-i SECS] [-c] [-t SECS]
 //!                   [-x] [--raw|--no-raw] COMMAND [ARG...]
 //!   valkey-rdma-cli [connection options] --pipeline < COMMANDS
+//!   valkey-rdma-cli [connection options] metrics [--listen ADDR:PORT]
 //!
 //! The options valkey-cli also has mean what they mean there; `--rdma` is accepted and
 //! implied (every connection is RDMA). Options of valkey-cli this tool does not have are
@@ -40,11 +41,14 @@ fn usage() -> ! {
     );
     eprintln!("                       [-x] [--raw|--no-raw] COMMAND [ARG...]");
     eprintln!("       valkey-rdma-cli [connection options] --pipeline < COMMANDS");
+    eprintln!("       valkey-rdma-cli [connection options] metrics [--listen ADDR:PORT]");
     eprintln!("       valkey-rdma-cli doctor [--bind ADDR]... [--clients N] [--rx-size BYTES] [--server PATH]");
     eprintln!("  doctor  check this host for RDMA (devices, ports, rdma_cm, locked memory and memory mappings");
     eprintln!("          for N clients, bind addresses, a valkey-server binary); one line each; exit 1 if any FAIL");
     eprintln!("  -c      cluster mode: HOST:PORT is a seed; each command goes to the node serving its key,");
     eprintln!("          following MOVED/ASK redirections (every node must listen for RDMA on its own port)");
+    eprintln!("  metrics  INFO rdma in the Prometheus text format; with --listen, served over HTTP at");
+    eprintln!("           http://ADDR:PORT/metrics, read from the server at each scrape");
     eprintln!("  -a PASS, --pass PASS  password (AUTH on every connection); --user U: ACL user name");
     eprintln!("  -n DB   database number (SELECT on every connection)");
     eprintln!("  -r N    run the command N times; -i SECS: wait SECS between runs");
@@ -144,6 +148,14 @@ fn main() {
     if pipeline {
         return run_pipeline(&addr, opts, cluster, raw);
     }
+    if words.first().map(Vec::as_slice) == Some(b"metrics") {
+        let listen = match words.get(1..).unwrap_or_default() {
+            [] => None,
+            [flag, a] if flag.as_slice() == b"--listen" => Some(String::from_utf8_lossy(a).into_owned()),
+            _ => usage(),
+        };
+        return run_metrics(&addr, opts, listen);
+    }
     if stdin_arg {
         let mut v = Vec::new();
         std::io::stdin().read_to_end(&mut v).expect("reading standard input");
@@ -241,6 +253,58 @@ fn run_pipeline(addr: &str, opts: Options, cluster: bool, raw: bool) {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for r in &replies {
         print_reply(r, raw, &mut out);
+    }
+}
+
+/// `metrics`: `INFO rdma` as Prometheus metrics, once to standard output, or at every
+/// scrape of `http://LISTEN/metrics` (one RDMA connection per scrape).
+fn run_metrics(addr: &str, opts: Options, listen: Option<String>) {
+    let scrape = || -> Result<String, String> {
+        let mut c = Client::connect(addr, opts.clone()).map_err(|e| format!("{addr}: {e}"))?;
+        match c.command(&[b"INFO", b"rdma"]).map_err(|e| e.to_string())? {
+            Reply::Bulk(b) => Ok(rdma::client::metrics::from_info(&String::from_utf8_lossy(&b))),
+            other => Err(format!("INFO rdma answered {other:?}")),
+        }
+    };
+    let Some(listen) = listen else {
+        match scrape() {
+            Ok(m) => print!("{m}"),
+            Err(e) => {
+                eprintln!("Error: {e}");
+                std::process::exit(1)
+            }
+        }
+        return;
+    };
+    let server = std::net::TcpListener::bind(&listen).unwrap_or_else(|e| {
+        eprintln!("valkey-rdma-cli metrics: cannot listen on {listen}: {e}");
+        std::process::exit(1)
+    });
+    eprintln!("valkey-rdma-cli metrics: serving http://{listen}/metrics for {addr}");
+    for conn in server.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut request = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&buf[..n]),
+            }
+        }
+        let (status, body) = if request.starts_with(b"GET /metrics ") || request.starts_with(b"GET /metrics?") {
+            match scrape() {
+                Ok(m) => ("200 OK", m),
+                Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+            }
+        } else {
+            ("404 Not Found", "only /metrics is served\n".to_string())
+        };
+        let _ = write!(
+            conn,
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
     }
 }
 

@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod cluster_check;
 pub mod hostile;
 pub mod idle;
+pub mod metrics;
 pub mod resp;
 
 use std::net::{SocketAddr, ToSocketAddrs};

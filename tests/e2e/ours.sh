@@ -748,3 +748,26 @@ case_cli_options() {  # valkey-rdma-cli takes valkey-cli's -a --user -n -r -i --
     server_alive
 }
 run_case "ours valkey-rdma-cli: valkey-cli's -a --user -n -r -i --rdma; missing options refused by name" case_cli_options
+
+case_metrics() {  # valkey-rdma-cli metrics: INFO rdma in the Prometheus text format, printed and served over HTTP
+    start_server metrics "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local out; out=$(timeout 20 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" metrics 2>&1)
+    echo "$out" | head -n 6 | sed 's/^/# /'
+    grep -qx "valkey_rdma_connected_clients 1" <<< "$out" || { fail "no connected_clients gauge counting the scrape's own connection"; return 1; }
+    grep -qx 'valkey_rdma_rejected_connections_total{reason="handshakes"} 0' <<< "$out" || { fail "no labelled counter"; return 1; }
+    local families fields
+    families=$(grep -c "^# TYPE valkey_rdma_" <<< "$out")
+    fields=$("$CLI912" -p "$PORT" INFO rdma | tr -d '\r' | grep -c "^rdma_")
+    expect_eq "a metric family for every INFO rdma field" "$families" "$fields" || return 1
+    local hp=$((PORT + 3000))
+    "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" metrics --listen "127.0.0.1:$hp" 2> "$WORK/metrics-http.log" &
+    local mp=$! i
+    for i in $(seq 1 50); do curl -s "http://127.0.0.1:$hp/metrics" > "$WORK/metrics.txt" 2>/dev/null && break; sleep 0.2; done
+    local code; code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$hp/other")
+    kill $mp; wait $mp 2>/dev/null
+    echo "# over HTTP: $(grep -c '^valkey_rdma_' "$WORK/metrics.txt") samples; /other answers $code"
+    grep -qx "valkey_rdma_listeners 1" "$WORK/metrics.txt" || { fail "http://127.0.0.1:$hp/metrics has no listeners gauge"; return 1; }
+    expect_eq "a path other than /metrics" "$code" 404 || return 1
+    server_alive
+}
+run_case "ours valkey-rdma-cli metrics: Prometheus text, printed and over HTTP" case_metrics
