@@ -49,7 +49,8 @@ fn main() {
 }
 
 /// The control-message side of a server: what it answers to GetServerFeature, whether
-/// it accepts SetClientFeature 0, and how many Keepalives arrive in `wait`.
+/// it accepts SetClientFeature 0, how many Keepalives arrive in `wait`, and the address
+/// its RegisterXferMemory named.
 fn run_probe(addr: &str, wait: Duration) {
     let fail = |e: rdma::client::ClientError| -> ! {
         eprintln!("probe {addr}: {e}");
@@ -60,6 +61,7 @@ fn run_probe(addr: &str, wait: Duration) {
     c.stream().set_client_features(0).unwrap_or_else(|e| fail(e));
     c.stream().settle(wait).unwrap_or_else(|e| fail(e));
     let keepalives = c.stream().keepalives;
+    let window = c.stream().peer_window_addr();
     let ping = c.command(&[b"PING"]).unwrap_or_else(|e| fail(e));
-    println!("features={features} keepalives={keepalives} ping={ping:?}");
+    println!("features={features} keepalives={keepalives} window={window:#x} ping={ping:?}");
 }

@@ -29,6 +29,7 @@ pub const CASES: &[(&str, &str)] = &[
     ("register-wrap", "RegisterXferMemory whose region wraps past the end of the address space"),
     ("rdma-read", "an RDMA READ of the server's RX buffer (the server must refuse it)"),
     ("half-open-flood", "3000 connect requests (at most 90 s of them), none ever completed, held for --hold seconds"),
+    ("stop-receiving", "infinite RNR retry, no receives re-posted once the replies stop, then waits --hold seconds"),
     (
         "grow-in-flight",
         "infinite RNR retry, no receives re-posted, then 200 larger RX windows each with a reply in flight",
@@ -61,6 +62,33 @@ fn read_exact(s: &mut RdmaStream, buf: &mut [u8]) -> Result<()> {
         got += s.read(&mut buf[got..])?;
     }
     Ok(())
+}
+
+/// PINGs until no reply comes: with receives no longer re-posted, every reply takes one
+/// of ours, and once they are used up the server's next write waits for one (RNR) and
+/// stays in flight, since this client asked for infinite RNR retry (as every client of
+/// this project does). Returns the number of replies that arrived.
+fn ping_until_the_writes_wait(s: &mut RdmaStream) -> Result<u32> {
+    let mut buf = [0u8; 64];
+    let mut answered = 0;
+    loop {
+        s.write_all(b"PING\r\n")?;
+        let mut got = 0;
+        for wait in [20, 300] {
+            s.settle(Duration::from_millis(wait))?;
+            got = s.try_read(&mut buf)?;
+            if got > 0 {
+                break;
+            }
+        }
+        if got == 0 {
+            return Ok(answered);
+        }
+        answered += 1;
+        if answered > 2000 {
+            return Err(ClientError::Refused("the server's replies never stopped".into()));
+        }
+    }
 }
 
 /// Runs one case against `addr`. `hold` is how long `no-read` keeps its connection.
@@ -220,31 +248,25 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             let _ = s.settle(Duration::from_millis(500));
             return Ok(if s.is_gone() { Outcome::ReadRefused } else { Outcome::ReadAllowed });
         }
+        "stop-receiving" => {
+            s.endpoint().stop_reposting_receives();
+            let answered = ping_until_the_writes_wait(&mut s)?;
+            let since = std::time::Instant::now();
+            while since.elapsed() < hold && !s.is_gone() {
+                let _ = s.settle(Duration::from_millis(200));
+            }
+            let waited = since.elapsed().as_secs_f64();
+            return Ok(if s.is_gone() {
+                eprintln!("stop-receiving: {answered} replies, then closed by the server {waited:.1} s later");
+                Outcome::ClosedByServer
+            } else {
+                eprintln!("stop-receiving: {answered} replies, still connected after {waited:.1} s");
+                Outcome::StillOpen
+            });
+        }
         "grow-in-flight" => {
             s.endpoint().stop_reposting_receives();
-            // Every reply takes one of our receives, never given back: once they are used
-            // up the server's next write waits for one (RNR), and stays in flight, since
-            // this client asked for infinite RNR retry (as every client of this project).
-            let mut buf = [0u8; 64];
-            let mut answered = 0;
-            loop {
-                s.write_all(b"PING\r\n")?;
-                let mut got = 0;
-                for wait in [20, 300] {
-                    s.settle(Duration::from_millis(wait))?;
-                    got = s.try_read(&mut buf)?;
-                    if got > 0 {
-                        break;
-                    }
-                }
-                if got == 0 {
-                    break;
-                }
-                answered += 1;
-                if answered > 2000 {
-                    return Err(ClientError::Refused("the server's replies never stopped".into()));
-                }
-            }
+            let answered = ping_until_the_writes_wait(&mut s)?;
             eprintln!("grow-in-flight: {answered} replies, then the server's writes wait");
             let (addr, key, base) = (s.ep.rx_addr(), s.ep.rx_key(), s.ep.rx_len());
             for i in 1..=200u32 {

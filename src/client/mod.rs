@@ -184,6 +184,12 @@ impl RdmaStream {
         self.ep.id().peer_addr()
     }
 
+    /// The address the peer's RegisterXferMemory named for its RX buffer (0 before one
+    /// arrived).
+    pub fn peer_window_addr(&self) -> u64 {
+        self.core.tx().remote_addr
+    }
+
     /// Posts the control messages the core queued.
     fn flush_control(&mut self) -> Result<()> {
         while let Some(msg) = self.core.poll_control() {

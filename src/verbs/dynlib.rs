@@ -59,7 +59,7 @@ function_table! {
         fn ibv_destroy_comp_channel(*mut ibv_comp_channel) -> c_int;
         fn ibv_create_cq(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
         fn ibv_destroy_cq(*mut ibv_cq) -> c_int;
-        fn ibv_reg_mr(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+        fn ibv_reg_mr_iova(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr;
         fn ibv_dereg_mr(*mut ibv_mr) -> c_int;
         fn ibv_get_cq_event(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
         fn ibv_ack_cq_events(*mut ibv_cq, u32) -> ();

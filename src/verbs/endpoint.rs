@@ -130,6 +130,8 @@ pub struct Endpoint {
     ctrl_mr: *mut ibv_mr,
     rx_buf: PinnedBuffer,
     rx_mr: *mut ibv_mr,
+    /// The address the peer writes the RX buffer at (docs/protocol.md §6).
+    rx_iova: u64,
     /// The TX buffer, and the replaced ones that writes in flight may still read; it
     /// also numbers the send work requests (docs/protocol.md §4.3).
     tx: TxBuffers<TxRegion>,
@@ -219,6 +221,7 @@ impl Endpoint {
             ctrl_mr: std::ptr::null_mut(),
             rx_buf,
             rx_mr: std::ptr::null_mut(),
+            rx_iova: 0,
             tx: TxBuffers::new(),
             tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
             tx_len_wanted: 0,
@@ -289,7 +292,8 @@ impl Endpoint {
                 ep.ctrl_buf.len(),
                 ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
             )?;
-            ep.rx_mr = ep.register(ep.rx_buf.as_ptr(), cfg.rx_size as usize, remote_access())?;
+            let Some(pd) = ep.pd.as_ref() else { return Err(VerbsError::with(VerbsOp::RegMr, libc::ENODEV)) };
+            (ep.rx_mr, ep.rx_iova) = pd.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
         }
         for slot in 0..ep.depths.recv as usize {
             ep.post_recv(slot)?;
@@ -336,8 +340,10 @@ impl Endpoint {
     pub fn comp_vector(&self) -> i32 {
         self.comp_vector
     }
+    /// The RX buffer's address as the peer names it: an offset space of its own, not
+    /// where the buffer is in this process (docs/protocol.md §6).
     pub fn rx_addr(&self) -> u64 {
-        self.rx_buf.as_ptr() as u64
+        self.rx_iova
     }
     pub fn rx_key(&self) -> u32 {
         // SAFETY: the MR is live while self is.
@@ -590,6 +596,7 @@ impl Endpoint {
         let (Some(buf), false) = (new.buf.take(), new.mr.is_null()) else { return };
         let mr = std::mem::replace(&mut new.mr, std::ptr::null_mut());
         let old_mr = std::mem::replace(&mut self.rx_mr, mr);
+        self.rx_iova = new.iova;
         let old_buf = std::mem::replace(&mut self.rx_buf, buf);
         // SAFETY: per the doc comment, nothing reads or writes the old region any more.
         unsafe { dereg(old_mr) };
@@ -904,11 +911,31 @@ impl ProtectionDomain {
     /// `addr..addr + len` must stay mapped until the region is deregistered, and the
     /// region must be deregistered before the domain is freed.
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
+        // SAFETY: per the contract.
+        unsafe { self.register_at(addr, len, access, addr as u64) }
+    }
+
+    /// Registers a buffer the peer writes into (an RX buffer), at an address of its
+    /// own rather than the buffer's: the peer learns nothing of this process's memory
+    /// layout from RegisterXferMemory (docs/protocol.md §6). Returns the region and that
+    /// address.
+    ///
+    /// # Safety
+    /// As for [`register`](Self::register).
+    unsafe fn register_for_peer(&self, addr: *mut u8, len: usize) -> Result<(*mut ibv_mr, u64)> {
+        let iova = peer_address(addr as u64);
+        // SAFETY: per the contract.
+        unsafe { self.register_at(addr, len, remote_access(), iova) }.map(|mr| (mr, iova))
+    }
+
+    /// # Safety
+    /// As for [`register`](Self::register).
+    unsafe fn register_at(&self, addr: *mut u8, len: usize, access: i32, iova: u64) -> Result<*mut ibv_mr> {
         if !super::pinned::admit(len as u64) {
             return Err(VerbsError::with(VerbsOp::PinnedCeiling, libc::EDQUOT));
         }
         // SAFETY: per the contract; the domain is live while self is.
-        let mr = unsafe { (loaded().ibv_reg_mr)(self.as_ptr(), addr.cast(), len, access) };
+        let mr = unsafe { (loaded().ibv_reg_mr_iova)(self.as_ptr(), addr.cast(), len, iova, access) };
         if mr.is_null() {
             // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
             let e = VerbsError::last(VerbsOp::RegMr);
@@ -917,6 +944,16 @@ impl ProtectionDomain {
         }
         Ok(mr)
     }
+}
+
+/// The address a peer is given for a buffer at `addr`: a fresh 4 GiB slot per
+/// registration (RX buffers are at most 16 MiB), keeping the offset within the page so
+/// that devices which map by page see the same layout.
+fn peer_address(addr: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
+    let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % (1 << 30) + 1;
+    (slot << 32) | (addr & (super::resources::page_size() as u64 - 1))
 }
 
 impl Drop for ProtectionDomain {
@@ -941,8 +978,8 @@ impl RxPreparation {
         let buf = PinnedBuffer::new(self.len as usize)?;
         // SAFETY: the buffer is moved into the result with its region, which
         // deregisters before unmapping and before releasing the domain (PreparedRx).
-        let mr = unsafe { self.pd.register(buf.as_ptr(), self.len as usize, remote_access())? };
-        Ok(PreparedRx { mr, buf: Some(buf), _pd: self.pd })
+        let (mr, iova) = unsafe { self.pd.register_for_peer(buf.as_ptr(), self.len as usize)? };
+        Ok(PreparedRx { mr, iova, buf: Some(buf), _pd: self.pd })
     }
 }
 
@@ -950,6 +987,7 @@ impl RxPreparation {
 /// deregisters, unmaps, then lets go of the domain (field order).
 pub struct PreparedRx {
     mr: *mut ibv_mr,
+    iova: u64,
     buf: Option<PinnedBuffer>,
     _pd: Arc<ProtectionDomain>,
 }
@@ -960,11 +998,10 @@ unsafe impl Send for PreparedRx {}
 impl PreparedRx {
     /// Where it is, as RegisterXferMemory will name it.
     pub fn region(&self) -> RxBuffer {
-        let addr = self.buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
         // SAFETY: the MR is live while self holds it.
         let (len, key) =
             if self.mr.is_null() { (0, 0) } else { unsafe { ((*self.mr).length as u32, (*self.mr).rkey) } };
-        RxBuffer { addr, len, key }
+        RxBuffer { addr: self.iova, len, key }
     }
     /// Memory it pins, in bytes.
     pub fn pinned_bytes(&self) -> u64 {
@@ -1080,6 +1117,20 @@ fn random_u32() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_address_hides_the_buffer_and_keeps_its_page_offset() {
+        let page = crate::verbs::resources::page_size() as u64;
+        let at = 0x7f3a_1234_5000u64 + 0x10;
+        let (a, b) = (peer_address(at), peer_address(at));
+        assert_ne!(a, at);
+        assert_ne!(a, b, "each registration gets a slot of its own");
+        assert_eq!(a % page, at % page);
+        for x in [a, b] {
+            assert!(x >= 1 << 32 && (x >> 32) <= 1 << 30, "{x:#x} outside the slots");
+            assert!(x.checked_add(u64::from(crate::protocol::MAX_PEER_RX_SIZE)).is_some());
+        }
+    }
 
     #[test]
     fn pinned_bytes_counts_every_registered_buffer_in_pages() {

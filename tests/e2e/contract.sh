@@ -138,6 +138,38 @@ case_rdma_read_refused() {  # an RDMA READ of the server's RX buffer fails (the 
 }
 run_case "ours hostile: an RDMA READ of the server's RX buffer is refused" case_rdma_read_refused
 
+case_window_address_hidden() {  # RegisterXferMemory names no address of the server's memory (no ASLR leak)
+    start_server window "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    timeout 60 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --probe 3 > "$WORK/window.out" 2>&1 &
+    local pp=$! i
+    for i in $(seq 1 40); do [ "$(rdma_info connected_clients)" = 1 ] && break; sleep 0.1; done
+    expect_eq "the probe is connected while the mappings are read" "$(rdma_info connected_clients)" 1 || { kill $pp; return 1; }
+    cp "/proc/$SERVER_PID/maps" "$WORK/window.maps"
+    wait $pp; echo "# probe: $(cat "$WORK/window.out")"
+    local w; w=$(sed -n 's/.* window=\(0x[0-9a-f]*\) .*/\1/p' "$WORK/window.out")
+    [ -n "$w" ] && [ $((w)) -ne 0 ] || { fail "no window address in the probe's output"; return 1; }
+    local inside
+    inside=$(awk -v w="$w" 'BEGIN { w = tolower(substr(w, 3)); w = sprintf("%016s", w); gsub(/ /, "0", w) }
+        { split($1, r, "-"); lo = sprintf("%016s", r[1]); hi = sprintf("%016s", r[2]); gsub(/ /, "0", lo); gsub(/ /, "0", hi)
+          if (w >= lo && w < hi) print }' "$WORK/window.maps")
+    [ -z "$inside" ] || { fail "the window $w is inside the server's mapping: $inside"; return 1; }
+    echo "# the window $w lies in none of the server's $(wc -l < "$WORK/window.maps") mappings"
+    expect_serving "after the probe" && server_alive
+}
+
+run_case "ours the RX window's address reveals nothing of the server's memory layout" case_window_address_hidden
+
+case_stop_receiving() {  # infinite RNR retry and no receives: the server's writes wait, the server gives up on its own clock
+    start_server stoprecv "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    local t0=$SECONDS out; out=$(timeout 90 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile stop-receiving --hold 40 2>&1)
+    echo "$out" | sed 's/^/# hostile stop-receiving: /'
+    expect_eq "outcome" "$(echo "$out" | tail -n1)" ClosedByServer || return 1
+    local e; e=$(rdma_info errors); echo "# INFO rdma errors: $e (after $((SECONDS - t0)) s)"
+    expect_eq "closed by the dead-peer rule" "$(dict_get "$e" peer_silent)" 1 || return 1
+    expect_serving "after the attack" && server_alive
+}
+run_case "ours hostile: infinite RNR retry with no receives posted is closed by the server's own deadline" case_stop_receiving
+
 case_grow_in_flight() {  # infinite RNR retry, no receives, 200 larger windows with replies in flight: closed at the bound
     start_server growflight "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     local out; out=$(timeout 120 "$TEST_PEER" -h "$RDMA_ADDR" -p "$PORT" --hostile grow-in-flight 2>&1)
