@@ -11,6 +11,9 @@ MODULE_PATH=/$(sed -n 's|^ *\["target/release/librdma.so", *"\([^"]*\)".*|\1|p' 
 [ "$MODULE_PATH" != / ] || { echo "deb.sh: no librdma.so asset in Cargo.toml" >&2; exit 1; }
 mkdir -p target/deb-assets
 sed "s|@MODULE_PATH@|$MODULE_PATH|" packaging/valkey-rdma.conf.in > target/deb-assets/valkey-rdma.conf
+# rdma.so, the C module's name, next to librdma.so; the drop-in that loads it
+ln -sfn "$(basename "$MODULE_PATH")" target/deb-assets/rdma.so
+sed "s|@MODULE_DIR@|$(dirname "$MODULE_PATH")|" packaging/modules-rdma.conf.in > target/deb-assets/rdma.conf
 gzip -9n -c packaging/changelog > target/deb-assets/changelog.Debian.gz
 for page in packaging/man/*.[17]; do gzip -9n -c "$page" > "target/deb-assets/$(basename "$page").gz"; done
 if ! command -v cargo-deb > /dev/null; then
