@@ -32,7 +32,7 @@ fi
 PKGS_BOOKWORM=(busybox-static kmod cpio xz-utils zstd bc rdma-core libibverbs1 librdmacm1
     ibverbs-providers ibverbs-utils rdmacm-utils libibverbs-dev librdmacm-dev libclang-dev
     clang-14 iproute2 dpkg-dev build-essential pkg-config libjemalloc-dev libsystemd-dev
-    libssl-dev python3-pip liblzf1 libjemalloc2 lintian man-db groff-base rpm rpmlint)
+    libssl-dev python3-pip liblzf1 libjemalloc2 lintian man-db groff-base rpm rpmlint valgrind)
 PKGS_BPO=(qemu-system-x86 qemu-utils)
 
 missing=()

@@ -109,9 +109,12 @@ only aa-noise-c-vs-c && COMPARE_WITH=$C_MODULE run aa-noise-c-vs-c --rounds "$RO
 # channels of the connections it closed), before it prints its rate.
 only churn-k0 && vb_compare churn-k0 PING_INLINE -k 0 -c 4 -n 900 -t ping_inline
 only idle-200 && idle_compare 200
+# instructions per request, counted exactly (callgrind), split by object: tests/e2e/instructions.sh
+only instructions && "$(dirname "$(readlink -f "$0")")/instructions.sh" "$OUT"
 # finish: the run's table (ratios ours/C, per-round spread) into summary.md, as the README shows it
 finish() {
     python3 "$(dirname "$(readlink -f "$0")")/bench_table.py" "$OUT" > "$OUT/summary.md" && cat "$OUT/summary.md"
+    [ ! -f "$OUT/instructions.md" ] || { echo; cat "$OUT/instructions.md"; } | tee -a "$OUT/summary.md"
     echo "results in $OUT"
 }
 only capacity || { finish; exit 0; }

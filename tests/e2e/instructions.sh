@@ -1,0 +1,97 @@
+#!/bin/bash
+# instructions.sh OUTDIR - what a request costs the server in user-space instructions,
+# counted exactly rather than sampled: valkey-server 9.1.2 runs under valgrind's
+# callgrind, once with our module and once with the upstream C module; for each workload
+# valkey-benchmark --rdma runs against it, the counters are zeroed once its connections
+# are up and warm, and dumped after a window. Each dump is split by object
+# (callgrind_split.py): the module, rdma-core (libibverbs, librdmacm, the provider),
+# libc, valkey-server itself, the rest; divided by the commands the server ran in the
+# window (its calls of processCommand, counted by callgrind too). The kernel's part
+# (system calls, the rxe transport) is not counted: on a NIC it mostly goes away.
+# Under TCG the timings are noise; these counts repeat to within a fraction of a percent.
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+OUT=${1:-$PWD}
+WARM=${INSTR_WARM:-6} WINDOW=${INSTR_WINDOW:-15}
+SPLIT=$(dirname "$(readlink -f "$0")")/callgrind_split.py
+C_MODULE=$VALKEY_912/src/valkey-rdma.so
+mkdir -p "$OUT/callgrind"
+VG_PREFIX=/dev/shm/valkey-rdma-vgdb   # vgdb maps shared memory: tmpfs (the guest has no writable /tmp)
+
+# WORKLOADS: name and valkey-benchmark arguments; GETs read keys a SET filled first
+WORKLOADS=(
+    "get-64B-c4-P1|-c 4 -P 1 -d 64 -t get"
+    "set-64B-c4-P1|-c 4 -P 1 -d 64 -t set"
+    "get-64B-c4-P16|-c 4 -P 16 -d 64 -t get"
+    "get-4KiB-c2-P1|-c 2 -P 1 -d 4096 -t get"
+    "set-4KiB-c2-P1|-c 2 -P 1 -d 4096 -t set"
+)
+
+measure_impl() {  # IMPL MODULE: one server under callgrind, every workload against it
+    local impl=$1 module=$2 port=$NEXT_PORT dir="$OUT/callgrind/$1" w name args
+    NEXT_PORT=$((NEXT_PORT + 1)); mkdir -p "$dir"
+    valgrind --tool=callgrind --vgdb-prefix="$VG_PREFIX" --callgrind-out-file="$dir/cg.out" \
+        "$VALKEY_912/src/valkey-server" --port "$port" --bind "$RDMA_ADDR" 127.0.0.1 --protected-mode no \
+        --save "" --appendonly no --dir "$dir" --logfile "$dir/server.log" \
+        --loadmodule "$module" --rdma-bind "$RDMA_ADDR" --rdma-port "$port" < /dev/null 2> "$dir/valgrind.log" &
+    local vp=$! i
+    for i in $(seq 1 300); do
+        "$CLI912" -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG && break
+        kill -0 $vp 2>/dev/null || break
+        sleep 0.5
+    done
+    "$CLI912" -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG || { echo "# $impl: the server did not come up under valgrind"; tail -n 5 "$dir/valgrind.log"; return 1; }
+    for d in 64 4096; do   # the keys the GET workloads read
+        timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$port" -c 4 -d "$d" -t set -r 1000 -n 2000 -q > /dev/null 2>&1
+    done
+    for w in "${WORKLOADS[@]}"; do
+        name=${w%%|*} args=${w#*|}
+        # shellcheck disable=SC2086
+        "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$port" $args -r 1000 -n 100000000 -q > /dev/null 2>&1 &
+        local bp=$!
+        sleep "$WARM"
+        callgrind_control --vgdb-prefix="$VG_PREFIX" -z $vp > /dev/null
+        sleep "$WINDOW"
+        callgrind_control --vgdb-prefix="$VG_PREFIX" -d $vp > /dev/null
+        kill $bp 2>/dev/null; wait $bp 2>/dev/null
+        local dump; dump=$(ls -t "$dir"/cg.out.* 2>/dev/null | head -n1)
+        [ -n "$dump" ] || { echo "# $impl $name: no dump"; return 1; }
+        echo "{\"impl\": \"$impl\", \"workload\": \"$name\", \"split\": $(python3 "$SPLIT" "$dump")}" >> "$OUT/instructions.jsonl"
+        rm -f "$dump"
+    done
+    kill $vp; wait $vp 2>/dev/null
+}
+
+rm -f "$OUT/instructions.jsonl"
+measure_impl c "$C_MODULE" || exit 1
+measure_impl ours "$OUR_MODULE" || exit 1
+python3 - "$OUT/instructions.jsonl" <<'EOF' | tee "$OUT/instructions.md"
+import json, re, sys
+def short(fn):  # a Rust path without its hash, its last two parts
+    return "::".join(re.sub(r"::h[0-9a-f]{16}$", "", fn).split("::")[-2:])
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["impl"], r["workload"]): r["split"] for r in rows}
+workloads = list(dict.fromkeys(r["workload"] for r in rows))
+def per(split, *groups):
+    return sum(split["ir"].get(g, 0) for g in groups) / max(split["requests"], 1)
+print("Instructions per request in valkey-server 9.1.2 (user space, callgrind): C module / ours (ratio)\n")
+print("| workload | requests C / ours | module | module + rdma-core | rdma-core | valkey-server | libc | whole process |")
+print("|---|---|---|---|---|---|---|---|")
+for w in workloads:
+    c, o = by.get(("c", w)), by.get(("ours", w))
+    if not c or not o:
+        continue
+    cells = []
+    for groups in [("module",), ("module", "rdma-core"), ("rdma-core",), ("valkey-server",), ("libc",),
+                   ("module", "rdma-core", "valkey-server", "libc", "other")]:
+        a, b = per(c, *groups), per(o, *groups)
+        cells.append(f"{a:,.0f} / {b:,.0f} ({b / a:.2f})" if a else f"{a:,.0f} / {b:,.0f}")
+    print(f"| {w} | {c['requests']:,} / {o['requests']:,} | " + " | ".join(cells) + " |")
+print("\nOur module's top functions (self instructions per request):\n")
+for w in workloads:
+    o = by.get(("ours", w))
+    if not o:
+        continue
+    top = ", ".join(f"{short(fn)} {ir / max(o['requests'], 1):,.0f}" for fn, ir in o["module_top"][:5])
+    print(f"- {w}: {top}")
+EOF
+echo "results in $OUT"
