@@ -3,10 +3,11 @@
 
 Prints one JSON object: the requests in the dump (calls of processCommand, one per
 command the server ran), the instructions (Ir) each group of objects spent (self cost,
-not inclusive: every instruction counts once), and the top functions of the RDMA module.
-Used by tests/e2e/instructions.sh.
+not inclusive: every instruction counts once), and the top functions of the RDMA module
+(8, or SPLIT_TOP). Used by tests/e2e/instructions.sh.
 """
 import json
+import os
 import re
 import sys
 from collections import defaultdict
@@ -74,7 +75,7 @@ def split(path):
                 skip_next_cost = True
                 if cfn == "processCommand":
                     requests += int(value.split()[0])
-    top = sorted(module_fns.items(), key=lambda kv: -kv[1])[:8]
+    top = sorted(module_fns.items(), key=lambda kv: -kv[1])[: int(os.environ.get("SPLIT_TOP", "8"))]
     return {"requests": requests, "ir": dict(by_group), "module_top": top}
 
 

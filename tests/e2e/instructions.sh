@@ -56,14 +56,16 @@ measure_impl() {  # IMPL MODULE: one server under callgrind, every workload agai
         local dump; dump=$(ls -t "$dir"/cg.out.* 2>/dev/null | head -n1)
         [ -n "$dump" ] || { echo "# $impl $name: no dump"; return 1; }
         echo "{\"impl\": \"$impl\", \"workload\": \"$name\", \"split\": $(python3 "$SPLIT" "$dump")}" >> "$OUT/instructions.jsonl"
-        rm -f "$dump"
+        if [ -n "${INSTR_KEEP:-}" ]; then mv "$dump" "$dir/$name.callgrind"; else rm -f "$dump"; fi
     done
     kill $vp; wait $vp 2>/dev/null
 }
 
+# INSTR_KEEP=1: keep each window's dump (callgrind_annotate reads it); INSTR_IMPLS: "c ours"
 rm -f "$OUT/instructions.jsonl"
-measure_impl c "$C_MODULE" || exit 1
-measure_impl ours "$OUR_MODULE" || exit 1
+for impl in ${INSTR_IMPLS:-c ours}; do
+    if [ "$impl" = c ]; then measure_impl c "$C_MODULE" || exit 1; else measure_impl ours "$OUR_MODULE" || exit 1; fi
+done
 python3 - "$OUT/instructions.jsonl" <<'EOF' | tee "$OUT/instructions.md"
 import json, re, sys
 def short(fn):  # a Rust path without its hash, its last two parts
