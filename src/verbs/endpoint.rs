@@ -292,8 +292,7 @@ impl Endpoint {
                 ep.ctrl_buf.len(),
                 ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
             )?;
-            let Some(pd) = ep.pd.as_ref() else { return Err(VerbsError::with(VerbsOp::RegMr, libc::ENODEV)) };
-            (ep.rx_mr, ep.rx_iova) = pd.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
+            (ep.rx_mr, ep.rx_iova) = ep.pd()?.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
         }
         for slot in 0..ep.depths.recv as usize {
             ep.post_recv(slot)?;
@@ -309,9 +308,13 @@ impl Endpoint {
     /// # Safety
     /// `addr..addr + len` must stay mapped until the region is deregistered.
     unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
-        let Some(pd) = self.pd.as_ref() else { return Err(VerbsError::with(VerbsOp::RegMr, libc::ENODEV)) };
         // SAFETY: per the contract; the protection domain is live while `self` holds it.
-        unsafe { pd.register(addr, len, access) }
+        unsafe { self.pd()?.register(addr, len, access) }
+    }
+
+    /// The protection domain, which regions are registered on (none before `build`).
+    fn pd(&self) -> Result<&Arc<ProtectionDomain>> {
+        self.pd.as_ref().ok_or_else(|| VerbsError::with(VerbsOp::RegMr, libc::ENODEV))
     }
 
     /// Memory this endpoint has registered now (control slots, RX, TX and any retired
