@@ -3,6 +3,8 @@
 //! `rdma-rx-size`, `rdma-completion-vector`. Pure: the server glue reads the core
 //! values with CONFIG GET and applies the result.
 
+#![forbid(unsafe_code)]
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::protocol::{DEFAULT_RX_SIZE, MAX_RX_SIZE, MIN_RX_SIZE};

@@ -19,7 +19,6 @@
 //! (`rdma-port` = `port`; RDMA CM and TCP ports do not collide).
 
 // Also inherited from `client/mod.rs`; repeated so that this file says it on its own.
-#![forbid(unsafe_code)]
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

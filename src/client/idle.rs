@@ -259,7 +259,7 @@ impl IdlePool {
             pongs: 0,
         });
         self.pending.insert(i);
-        let id = match CmId::new(&self.channel) {
+        let mut id = match CmId::new(&self.channel) {
             Ok(id) => id,
             Err(e) => return self.fail(i, &e.to_string()),
         };
@@ -506,7 +506,7 @@ impl IdlePool {
             if range.is_empty() {
                 break;
             }
-            s.reply.extend_from_slice(&l.ep.rx_bytes()[range]);
+            l.ep.copy_rx_into_vec(range, &mut s.reply);
         }
         self.flush_control(i);
     }

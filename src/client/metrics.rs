@@ -1,7 +1,6 @@
 //! `INFO rdma` in the Prometheus text format (`valkey-rdma-cli metrics`): monitoring stacks
 //! built on redis_exporter drop INFO fields they do not know, so the module's own
 //! fields reach a dashboard through this. Pure: INFO text in, exposition text out.
-#![forbid(unsafe_code)]
 
 use std::fmt::Write;
 

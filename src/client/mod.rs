@@ -123,6 +123,8 @@ pub struct RdmaStream {
     timeout: Duration,
     /// Reused for each poll of the completion queue.
     completions: Vec<Completion>,
+    /// What [`peek`](Self::peek) copied out of the RX buffer (reused).
+    peeked: Vec<u8>,
     /// Features the server reported, once asked.
     pub server_features: Option<u64>,
     /// Keepalive messages received from the server.
@@ -140,6 +142,7 @@ impl RdmaStream {
             core,
             timeout: opts.timeout,
             completions: Vec::new(),
+            peeked: Vec::new(),
             server_features: None,
             keepalives: 0,
         };
@@ -272,7 +275,7 @@ impl RdmaStream {
         self.core.write_room(self.ep.can_write())
     }
 
-    /// The unread received bytes, after processing what is there (never waits). Empty
+    /// A copy of the unread received bytes, after processing what is there (never waits). Empty
     /// when nothing is there yet; `PeerGone` only once the peer is gone *and* every byte
     /// it sent before leaving was consumed. Give back what was used with
     /// [`consume`](Self::consume): a relay consumes only what its sink accepted, so the
@@ -280,7 +283,11 @@ impl RdmaStream {
     pub fn peek(&mut self) -> Result<&[u8]> {
         self.pump()?;
         match self.core.readable() {
-            Ok(range) => Ok(&self.ep.rx_bytes()[range]),
+            Ok(range) => {
+                self.peeked.clear();
+                self.ep.copy_rx_into_vec(range, &mut self.peeked);
+                Ok(&self.peeked)
+            }
             Err(ReadError::WouldBlock) => Ok(&[]),
             Err(ReadError::Eof | ReadError::Closed) => Err(ClientError::PeerGone),
             Err(ReadError::Failed(f)) => Err(f.into()),
@@ -308,7 +315,7 @@ impl RdmaStream {
         match self.core.read(buf.len()) {
             Ok(range) => {
                 let n = range.len();
-                buf[..n].copy_from_slice(&self.ep.rx_bytes()[range]);
+                self.ep.copy_rx(range, buf);
                 // after the copy: the hand-back lets the server write over these bytes
                 self.flush_control()?;
                 Ok(Some(n))

@@ -31,8 +31,6 @@
 //!
 //! Sections cited: `docs/protocol.md §N` and `docs/server-abi.md §N`.
 
-#![forbid(unsafe_code)]
-
 use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Range;

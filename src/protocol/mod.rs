@@ -10,6 +10,8 @@
 //! `src/rdma.c` and `deps/libvalkey/src/rdma.c` (9.1.2), written down for this project
 //! in `docs/protocol.md`, whose sections are cited next to the code ("docs/protocol.md §3").
 
+#![forbid(unsafe_code)]
+
 pub mod conn;
 pub mod control;
 pub mod session;

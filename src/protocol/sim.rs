@@ -8,7 +8,8 @@
 //!   against the receiver's window) and a data completion with the immediate goes to the
 //!   receiver's CQ. Control messages land as receive completions. The completion
 //!   channel fires only for completions that arrive after the last poll, and the driver
-//!   polls at most a per-seed budget per wake-up (`COMPLETIONS_PER_WAKEUP`). Signalled sends (every
+//!   polls at most a per-seed budget per wake-up (`COMPLETIONS_PER_OWN_POLL` and
+//!   `COMPLETIONS_PER_SHARED_POLL` in the transport). Signalled sends (every
 //!   Nth write, control messages, and the write that leaves the send queue at its
 //!   reserve) complete on the sender, which frees its send queue (docs/protocol.md §4.5).
 //!   A side that leaves: a random prefix of what it had in flight lands, the rest is
@@ -184,7 +185,7 @@ struct Side {
     cq: VecDeque<Cqe>,
     /// A completion arrived since the last poll: the completion channel fd is readable.
     cq_notified: bool,
-    /// Completions the driver takes per poll (`COMPLETIONS_PER_WAKEUP`).
+    /// Completions the driver takes per poll (the transport's poll budgets).
     cq_budget: usize,
     cm: VecDeque<Cm>,
     /// Outstanding send work requests (id, signalled), in posting order.

@@ -23,6 +23,7 @@ pub(super) unsafe fn init(ctx: *mut Ctx) -> Result<(), &'static str> {
     }
     // SAFETY: the API was just filled in (read once, on the main thread); `ctx` is live.
     if let Some(detach) = unsafe { raw::ValkeyModule_GetDetachedThreadSafeContext } {
+        // SAFETY: `ctx` is the live context of OnLoad; the detached context outlives it.
         LOG_CTX.store(unsafe { detach(ctx) }, Ordering::Release);
     }
     let _ = log::set_logger(&LOGGER);
@@ -193,23 +194,31 @@ pub type FdCallback = unsafe extern "C" fn(c_int, *mut c_void, c_int);
 /// Watches `fd` for readability in the server's event loop (main thread).
 ///
 /// # Safety
+/// An fd this module added to the server's event loop. Only its holder can remove it
+/// ([`unwatch_fd`]): so no other fd can be removed, in particular no listener fd, which
+/// the server registered itself and whose client data EventLoopDel would free. Dropping
+/// it leaves the fd watched (the module's own long-lived fds).
+#[must_use = "unwatching the fd needs this token"]
+#[derive(Debug)]
+pub(crate) struct FdWatch(c_int);
+
 /// `cb` will be called with `data` until [`unwatch_fd`]: `data` must stay valid so long.
-pub(super) unsafe fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> bool {
+pub(super) unsafe fn watch_fd(fd: c_int, cb: FdCallback, data: *mut c_void) -> Option<FdWatch> {
     // SAFETY: per the contract; the API table is filled once in OnLoad.
-    unsafe {
+    let added = unsafe {
         raw::ValkeyModule_EventLoopAdd.is_some_and(|f| {
             f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int, Some(cb), data) == raw::VALKEYMODULE_OK as c_int
         })
-    }
+    };
+    added.then_some(FdWatch(fd))
 }
 
-/// Stops watching an fd added with [`watch_fd`] (never a listener fd: the server
-/// registered those itself, and EventLoopDel would free their client data).
-pub fn unwatch_fd(fd: c_int) {
-    // SAFETY: fd was added with EventLoopAdd.
+/// Stops watching an fd this module added.
+pub(crate) fn unwatch_fd(watch: FdWatch) {
+    // SAFETY: the token proves the fd was added with EventLoopAdd by this module.
     unsafe {
         if let Some(f) = raw::ValkeyModule_EventLoopDel {
-            f(fd, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int);
+            f(watch.0, raw::VALKEYMODULE_EVENTLOOP_READABLE as c_int);
         }
     }
 }

@@ -180,7 +180,7 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
 }
 
 /// Watches `fd` in the server's event loop; [`Transport::on_watched_fd`] gets `key`.
-pub(crate) fn watch_fd<T: Transport>(fd: c_int, key: usize) -> bool {
+pub(crate) fn watch_fd<T: Transport>(fd: c_int, key: usize) -> Option<api::FdWatch> {
     // SAFETY: `key` is passed back as an integer, never dereferenced.
     unsafe { api::watch_fd(fd, watched_fd::<T>, key as *mut c_void) }
 }
@@ -224,7 +224,8 @@ pub(crate) fn start_timer<T: Transport>(ms: u64) -> Result<(), String> {
         return Err(format!("timerfd_settime: {}", std::io::Error::last_os_error()));
     }
     // SAFETY: the callback takes no data pointer.
-    if unsafe { api::watch_fd(fd, tick::<T>, std::ptr::null_mut()) } {
+    // (watched for the life of the process: the token is not kept)
+    if unsafe { api::watch_fd(fd, tick::<T>, std::ptr::null_mut()) }.is_some() {
         Ok(())
     } else {
         Err("the server's event loop refused the module's timer fd".into())
@@ -246,7 +247,7 @@ unsafe extern "C" fn tick<T: Transport>(fd: c_int, _data: *mut c_void, _mask: c_
 // ----- the callbacks ---------------------------------------------------------------
 //
 // SAFETY (for every `Hosted::from_server`/`arc_from_server` below): the server calls
-// these with the pointer it got from `Hosted::into_server` (we create every
+// these with the pointer it got from `Hosted::hand_to_server` (we create every
 // connection of this type) and does not use it after `close`, which releases it.
 
 unsafe extern "C" fn get_type_81(_: *mut Connection) -> *const c_char {
@@ -326,9 +327,9 @@ unsafe extern "C" fn listen<T: Transport>(l: *mut ConnListener) -> c_int {
 }
 
 unsafe extern "C" fn close_listener<T: Transport>(l: *mut ConnListener) {
-    // SAFETY: as for listen.
     guard((), || {
         if !in_fork_child() {
+            // SAFETY: as for listen: the server's live listener, used only during the call.
             T::close_listener(unsafe { &mut *l })
         }
     })
@@ -343,9 +344,9 @@ unsafe extern "C" fn conn_create_accepted(_fd: c_int, _priv: *mut c_void) -> *mu
 }
 
 unsafe extern "C" fn shutdown<T: Transport>(c: *mut Connection) {
-    // SAFETY: see above.
     guard((), || {
         if !in_fork_child() {
+            // SAFETY: `c` is a connection this type handed to the server, not yet closed.
             T::shutdown(unsafe { Hosted::<T>::from_server(c) })
         }
     })
@@ -536,9 +537,9 @@ unsafe extern "C" fn postpone_update_state<T: Transport>(c: *mut Connection, arg
 
 /// After an IO thread finished with the client: queue whatever became due meanwhile.
 unsafe extern "C" fn update_state<T: Transport>(c: *mut Connection) {
-    // SAFETY: see above.
     guard((), || {
         if !in_fork_child() {
+            // SAFETY: `c` is a connection this type handed to the server, not yet closed.
             T::update_state(&unsafe { Hosted::<T>::arc_from_server(c) })
         }
     })

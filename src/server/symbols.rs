@@ -25,6 +25,7 @@ pub struct ServerSymbols {
 
 // SAFETY: function pointers and the address of a global: immutable after resolution.
 unsafe impl Send for ServerSymbols {}
+// SAFETY: as for Send: nothing in it changes after resolution.
 unsafe impl Sync for ServerSymbols {}
 
 static SYMBOLS: OnceLock<ServerSymbols> = OnceLock::new();

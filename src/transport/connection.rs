@@ -16,6 +16,7 @@ use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
 use crate::protocol::session::Role;
 use crate::protocol::{ControlMessage, Violation};
+use crate::server::api::FdWatch;
 use crate::server::{ConnState, ServerHandler};
 use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
 
@@ -49,6 +50,8 @@ struct Inner {
     rx_prepared: Option<PreparedRx>,
     /// Its place among the connections in the handshake, until ESTABLISHED or teardown.
     handshake: Option<super::handshakes::Slot>,
+    /// The server's watch on the completion channel of a connection with a CQ of its own.
+    watch: Option<FdWatch>,
 }
 
 impl Inner {
@@ -99,6 +102,7 @@ impl RdmaConnection {
                 rx_preparing: None,
                 rx_prepared: None,
                 handshake,
+                watch: None,
             }),
         }
     }
@@ -178,7 +182,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     }
     let ep = inner.ep.as_mut()?;
     let range = inner.core.read(buf.len()).ok()?;
-    buf[..range.len()].copy_from_slice(&ep.rx_bytes()[range.clone()]);
+    ep.copy_rx(range.clone(), buf);
     // The hand-back this read queued names the prepared buffer: it becomes the RX
     // buffer now that the bytes are copied out, before the message goes.
     if inner.core.take_rx_swap() {
@@ -511,8 +515,9 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
             // The CQ's fd serves the other connections on it: only this QP is forgotten.
             Some((cq, qp_num)) => super::shared_cqs::unregister(cq, qp_num),
             None => {
-                if let Some(fd) = c.inner.own_channel_fd {
-                    crate::server::api::unwatch_fd(fd)
+                let watch = c.inner.lock().watch.take();
+                if let Some(w) = watch {
+                    crate::server::api::unwatch_fd(w)
                 }
             }
         }
@@ -546,7 +551,7 @@ pub(crate) fn teardown(c: &HostedConn) {
     let Some(mut ep) = ep else { return };
     // The id lives on until the release runs, and a CM event for it (a late
     // DISCONNECTED) carries its context: a key that a new connection may own by then.
-    ep.id().set_context(super::listener::NO_CONNECTION_KEY);
+    ep.set_cm_context(super::listener::NO_CONNECTION_KEY);
     // Here, on the thread that reads the CM events: the QP out of the id, its number
     // kept from new QPs until it is retired.
     ep.begin_close();
@@ -566,7 +571,6 @@ pub(crate) fn teardown(c: &HostedConn) {
     });
 }
 
-/// Points the rdma_cm id's context at the connection, so that its CM events find it.
 /// For INFO: (pinned bytes, the peer's RX window, our RX window) of a live connection.
 pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
     let g = c.inner.lock();
@@ -574,9 +578,15 @@ pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
     (g.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared), g.core.tx().len().into(), g.core.rx().len().into())
 }
 
+/// Keeps the server's watch on the connection's own completion channel, for `close`.
+pub(crate) fn set_watch(c: &HostedConn, watch: FdWatch) {
+    c.inner.lock().watch = Some(watch);
+}
+
+/// Points the rdma_cm id's context at the connection, so that its CM events find it.
 pub(crate) fn set_cm_context(c: &HostedConn) {
-    if let Some(ep) = c.inner.lock().ep.as_ref() {
-        ep.id().set_context(c.key());
+    if let Some(ep) = c.inner.lock().ep.as_mut() {
+        ep.set_cm_context(c.key());
     }
 }
 

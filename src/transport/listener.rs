@@ -45,7 +45,8 @@ fn conn_events() -> Result<&'static EventChannel, VerbsError> {
         return Ok(ch);
     }
     let ch = EventChannel::new()?;
-    if !crate::server::watch_fd::<RdmaConnection>(ch.fd(), CONN_EVENTS_KEY) {
+    // (watched for the life of the process: the token is not kept)
+    if crate::server::watch_fd::<RdmaConnection>(ch.fd(), CONN_EVENTS_KEY).is_none() {
         return Err(VerbsError::with(VerbsOp::CreateEventChannel, libc::EINVAL));
     }
     Ok(CONN_EVENTS.get_or_init(|| ch))
@@ -322,7 +323,12 @@ fn accept_one(id: CmId) {
         return;
     }
     // On a shared CQ, its fd is watched already; else the connection's own channel.
-    let watched = c.inner.own_channel_fd.is_none_or(|fd| crate::server::watch_fd::<RdmaConnection>(fd, c.key()));
+    let watched = match c.inner.own_channel_fd {
+        None => true,
+        Some(fd) => {
+            crate::server::watch_fd::<RdmaConnection>(fd, c.key()).map(|w| connection::set_watch(&c, w)).is_some()
+        }
+    };
     if !watched {
         stats::rejected(Rejected::Accept);
         super::log_limited(format_args!(

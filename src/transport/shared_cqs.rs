@@ -107,7 +107,8 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
             return None;
         }
     };
-    if !crate::server::watch_fd::<RdmaConnection>(cq.fd(), FIRST_KEY + i) {
+    // (a shared CQ serves until the process ends: the token is not kept)
+    if crate::server::watch_fd::<RdmaConnection>(cq.fd(), FIRST_KEY + i).is_none() {
         log_limited(format_args!("RDMA: a shared completion queue cannot be watched; connections get their own"));
         return None;
     }
@@ -219,9 +220,7 @@ fn poll(cq: usize, then: Then) -> bool {
 
 /// What one poll works in. Kept between polls (per thread, one for each poll in
 /// progress: a handler may run a nested poll), so that once its vectors have grown to
-/// the largest poll seen, a wake-up allocates nothing; each poll used to build new
-/// vectors and a hash map, a cost that falls on few requests when a wake-up brings few
-/// completions (4 busy clients: about 3; docs/measurements/poll-scratch-2026-12-02).
+/// the largest poll seen, a wake-up allocates nothing (docs/measurements/poll-scratch-2026-12-02).
 #[derive(Default)]
 struct Scratch {
     /// The completions of the poll, in arrival order.

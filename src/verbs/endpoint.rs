@@ -327,13 +327,14 @@ impl Endpoint {
     pub fn id(&self) -> &CmId {
         &self.id
     }
+    /// Stores the key its CM events carry ([`CmId::set_context`]).
+    pub fn set_cm_context(&mut self, key: usize) {
+        self.id.set_context(key)
+    }
     /// The QP's number: what a completion on a shared CQ names its endpoint by.
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP exists once the endpoint is built and lives while self does.
         unsafe { (*self.qp()).qp_num }
-    }
-    pub fn depths(&self) -> QueueDepths {
-        self.depths
     }
     /// The completion channel's fd: readable when a completion is due.
     pub fn comp_fd(&self) -> i32 {
@@ -360,10 +361,19 @@ impl Endpoint {
     pub fn rx_region(&self) -> RxBuffer {
         RxBuffer { addr: self.rx_addr(), len: self.rx_len(), key: self.rx_key() }
     }
-    /// The RX buffer's bytes. Only the range the protocol reports as written is
-    /// meaningful; the NIC writes elsewhere only beyond it.
-    pub fn rx_bytes(&self) -> &[u8] {
-        &self.rx_buf.as_slice()[..self.rx_len() as usize]
+    /// Copies the RX buffer's bytes at `range` (one the protocol reports as written)
+    /// into the start of `out`; appends with [`copy_rx_into_vec`](Self::copy_rx_into_vec).
+    ///
+    /// Panics if the range is outside the RX buffer or longer than `out`.
+    pub fn copy_rx(&self, range: std::ops::Range<usize>, out: &mut [u8]) {
+        assert!(range.end <= self.rx_len() as usize, "RX range outside the buffer");
+        self.rx_buf.copy_out(range.start, &mut out[..range.len()]);
+    }
+    /// Appends the RX buffer's bytes at `range` to `out`.
+    pub fn copy_rx_into_vec(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + range.len(), 0);
+        self.copy_rx(range, &mut out[at..]);
     }
 
     fn post_recv(&mut self, slot: usize) -> Result<()> {
@@ -463,8 +473,9 @@ impl Endpoint {
         }
         let slot = self.free_tx_slots.pop().ok_or(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS))? as usize;
         let off = (self.depths.recv as usize + slot) * CONTROL_MESSAGE_LEN;
-        // SAFETY: the slot is ours (taken from the free list) until its completion.
-        unsafe { self.ctrl_buf.as_mut_slice()[off..off + CONTROL_MESSAGE_LEN].copy_from_slice(&msg.encode()) };
+        // SAFETY: the slot is ours (taken from the free list) until its completion, and
+        // the buffer is used only from the thread that holds `&mut self`.
+        unsafe { self.ctrl_buf.copy_in(off, &msg.encode()) };
         let mut sge = ibv_sge {
             // SAFETY: inside the control buffer.
             addr: unsafe { self.ctrl_buf.as_ptr().add(off) } as u64,
@@ -647,12 +658,12 @@ impl Endpoint {
         if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
-        // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
-        // work request still reads it (the window only reopens after the peer consumed).
-        let dst = unsafe { buf.as_mut_slice() };
         for p in parts {
             let k = p.len().min(end - at);
-            dst[at..at + k].copy_from_slice(&p[..k]);
+            // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
+            // work request still reads it (the window only reopens after the peer
+            // consumed); the buffer is written only by the holder of `&mut self`.
+            unsafe { buf.copy_in(at, &p[..k]) };
             at += k;
             if at == end {
                 break;
@@ -712,7 +723,7 @@ impl Endpoint {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
         // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
-        unsafe { buf.as_mut_slice()[..bytes.len()].copy_from_slice(bytes) };
+        unsafe { buf.copy_in(0, bytes) };
         // A client's TX buffer is one chunk: one scatter entry.
         let mut sge = self.tx_sge(0, bytes.len() as u32)?;
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
@@ -778,7 +789,7 @@ impl Endpoint {
                 let slot = (wc.wr_id & WRID_SLOT_MASK) as usize;
                 let off = slot * CONTROL_MESSAGE_LEN;
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
-                bytes.copy_from_slice(&self.ctrl_buf.as_slice()[off..off + CONTROL_MESSAGE_LEN]);
+                self.ctrl_buf.copy_out(off, &mut bytes);
                 if self.repost_receives {
                     self.post_recv(slot)?;
                 }
@@ -896,6 +907,8 @@ pub struct ProtectionDomain(NonNull<ibv_pd>);
 // SAFETY: a verbs object; libibverbs is thread-safe for registering memory on a PD
 // from several threads, and it is freed exactly once (Drop).
 unsafe impl Send for ProtectionDomain {}
+// SAFETY: the methods taking `&self` only register memory on it, which libibverbs
+// allows from several threads at once.
 unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
@@ -1001,9 +1014,12 @@ unsafe impl Send for PreparedRx {}
 impl PreparedRx {
     /// Where it is, as RegisterXferMemory will name it.
     pub fn region(&self) -> RxBuffer {
-        // SAFETY: the MR is live while self holds it.
-        let (len, key) =
-            if self.mr.is_null() { (0, 0) } else { unsafe { ((*self.mr).length as u32, (*self.mr).rkey) } };
+        let (len, key) = if self.mr.is_null() {
+            (0, 0)
+        } else {
+            // SAFETY: the MR is live while self holds it.
+            unsafe { ((*self.mr).length as u32, (*self.mr).rkey) }
+        };
         RxBuffer { addr: self.iova, len, key }
     }
     /// Memory it pins, in bytes.

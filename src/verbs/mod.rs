@@ -20,12 +20,10 @@ mod tx_buffers;
 mod tx_plan;
 
 pub use dynlib::{lib, Lib};
-pub use endpoint::{
-    pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, RxPreparation, TX_CHUNK,
-};
+pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, TX_CHUNK};
 pub use map_budget::{map_count_now, maps_for_clients, max_map_count, MAPS_PER_NEW_ENDPOINT};
-pub use resources::{event_name, CmEvent, CmId, ConnParams, EventChannel};
-pub use shared_cq::{CqBudget, SharedCq, WorkCompletion, MAX_SHARED_CQES};
+pub use resources::{CmEvent, CmId, ConnParams, EventChannel};
+pub use shared_cq::{SharedCq, WorkCompletion, MAX_SHARED_CQES};
 pub use system::{device_count, fork_init, memlock_limit, physical_memory, wait_readable};
 
 /// The verbs or rdma_cm operation that failed, so that callers can tell failures apart

@@ -26,6 +26,8 @@ pub struct EventChannel(NonNull<rdma_event_channel>);
 // disconnect an id of the channel meanwhile (the connections' teardown on
 // `rdma-release`), which librdmacm and the kernel serialise per id.
 unsafe impl Send for EventChannel {}
+// SAFETY: as for Send: reading events takes `&self` on the one thread that reads them;
+// what other threads do through `&self` librdmacm serialises per id.
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
@@ -166,8 +168,11 @@ impl ConnParams {
 /// one was created on it, and then itself.
 pub struct CmId(NonNull<rdma_cm_id>);
 
-// SAFETY: see EventChannel; the id is only used by its owner.
+// SAFETY: see EventChannel: librdmacm allows an id's calls from any thread.
 unsafe impl Send for CmId {}
+// SAFETY: every method taking `&self` is a librdmacm call, which serialises per id, or
+// reads fields librdmacm changes only inside such calls; the one field this crate
+// writes (`context`) takes `&mut self`.
 unsafe impl Sync for CmId {}
 
 impl CmId {
@@ -191,7 +196,7 @@ impl CmId {
     }
     /// Stores a key in the id's user field, returned as [`CmEvent::context`] with its
     /// CM events. Never dereferenced.
-    pub fn set_context(&self, key: usize) {
+    pub fn set_context(&mut self, key: usize) {
         // SAFETY: `context` is the user's field of a live id; librdmacm never reads it.
         unsafe { (*self.0.as_ptr()).context = key as *mut c_void }
     }
@@ -219,12 +224,6 @@ impl CmId {
     /// IPv6 only (like IPV6_V6ONLY), so that `::` and `0.0.0.0` can both listen.
     pub fn set_afonly(&self) -> Result<()> {
         self.set_option(RDMA_OPTION_ID_AFONLY, 1i32)
-    }
-    /// The QP's local ACK timeout, 4.096 µs × 2^`exp` per try (IBTA; the QP gives up
-    /// after its retry count). Set before `rdma_accept`/`rdma_connect`: it is applied when
-    /// the QP moves to RTS. Without it rdma_cm derives one from the path record.
-    pub fn set_ack_timeout(&self, exp: u8) -> Result<()> {
-        self.set_option(RDMA_OPTION_ID_ACK_TIMEOUT, exp)
     }
     pub fn bind(&self, addr: &std::net::SocketAddr) -> Result<()> {
         let mut sa = SockAddr::from(addr);
@@ -306,7 +305,6 @@ impl Drop for CmId {
 /// anonymous enums that bindgen does not carry into rdma-sys.
 const RDMA_OPTION_LEVEL_ID: i32 = 0;
 const RDMA_OPTION_ID_AFONLY: i32 = 2;
-const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
 
 fn check(rc: i32, op: VerbsOp) -> Result<()> {
     if rc == 0 {
@@ -396,6 +394,8 @@ pub struct PinnedBuffer {
 
 // SAFETY: plain memory; synchronisation of its contents is the user's business.
 unsafe impl Send for PinnedBuffer {}
+// SAFETY: `&self` hands out only its address and length, and copies out of it by raw
+// pointer; writing the bytes is unsafe and the caller's contract.
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
@@ -441,17 +441,30 @@ impl PinnedBuffer {
     pub fn as_ptr(&self) -> *mut u8 {
         self.base.as_ptr()
     }
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len` readable bytes start at base while self lives. Concurrent
-        // writes by the NIC only ever target bytes the protocol has not handed out.
-        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    /// Copies `out.len()` bytes from `offset` into `out`. Never a `&[u8]` over the
+    /// buffer: the NIC, and a hostile peer by a plain RDMA WRITE, may write any byte of a
+    /// registered buffer at any time, which no Rust reference may see happen; a copy by
+    /// raw pointer takes whatever is there.
+    ///
+    /// Panics if the range is not inside the buffer.
+    pub fn copy_out(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|end| end <= self.len), "copy out of range");
+        // SAFETY: the range is inside the `len` bytes at base (checked), alive while self
+        // is; `out` is a distinct allocation (a reference the caller holds).
+        unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
     }
-    #[allow(clippy::mut_from_ref)]
+    /// Copies `src` into the buffer at `offset`, by raw pointer (as [`copy_out`](Self::copy_out)).
+    ///
+    /// Panics if the range is not inside the buffer.
+    ///
     /// # Safety
-    /// The caller must ensure no other reference covers the bytes it writes.
-    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        // SAFETY: `len` bytes at base while self lives; exclusivity is the caller's.
-        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
+    /// No other thread reads or writes these bytes meanwhile (the NIC may: a work request
+    /// that still reads them is the protocol's mistake, not a memory-safety one).
+    pub unsafe fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(offset.checked_add(src.len()).is_some_and(|end| end <= self.len), "copy in out of range");
+        // SAFETY: inside the buffer (checked); no other thread touches the range (the
+        // caller's contract); `src` is a distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(offset), src.len()) }
     }
 }
 
