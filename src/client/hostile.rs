@@ -134,11 +134,11 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
         "unknown-opcode" => s.endpoint().post_send_raw(&control(9))?,
         "register-zero" | "register-huge" => {
             let length = if case == "register-zero" { 0 } else { u32::MAX };
-            let (addr, key) = (s.ep.rx_addr(), s.ep.rx_key());
+            let (addr, key) = (s.d.nic.rx_addr(), s.d.nic.rx_key());
             s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?
         }
         "imm-overrun" => {
-            let (remote, rkey, len) = (s.core.tx().remote_addr, s.core.tx().rkey, s.core.tx().len());
+            let (remote, rkey, len) = (s.d.core.tx().remote_addr, s.d.core.tx().rkey, s.d.core.tx().len());
             s.endpoint().post_write_imm(0, &[b"*"], 1, remote, rkey, len + 1)?
         }
         "flood" => {
@@ -177,10 +177,10 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             read_exact(&mut s, &mut [0u8; 5])?; // +OK\r\n
             let mut get = Vec::new();
             resp::encode(&[b"GET", b"hostile:mid"], &mut get);
-            let (addr, key) = (s.ep.rx_addr(), s.ep.rx_key());
+            let (addr, key) = (s.d.nic.rx_addr(), s.d.nic.rx_key());
             for i in 0..50 {
                 s.write_all(&get)?;
-                let length = if i % 2 == 0 { 32 * 1024 } else { s.ep.rx_len() };
+                let length = if i % 2 == 0 { 32 * 1024 } else { s.d.nic.rx_len() };
                 s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?;
                 s.settle(Duration::from_millis(20))?;
             }
@@ -196,8 +196,8 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
                 let posted = if case == "keepalive-flood" {
                     s.endpoint().post_control(&ControlMessage::Keepalive).is_ok()
                 } else {
-                    let (remote, rkey) = (s.core.tx().remote_addr, s.core.tx().rkey);
-                    s.ep.can_write() && s.endpoint().post_write_imm(0, &[], 0, remote, rkey, 0).is_ok()
+                    let (remote, rkey) = (s.d.core.tx().remote_addr, s.d.core.tx().rkey);
+                    s.d.nic.can_write() && s.endpoint().post_write_imm(0, &[], 0, remote, rkey, 0).is_ok()
                 };
                 if posted {
                     sent += 1;
@@ -208,10 +208,10 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             // Counted as sent only once the server's device acknowledged them: a peer
             // that outran the posted receives waits out RNR back-offs (0.66 s each) first.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while s.ep.control_in_flight() > 0 && std::time::Instant::now() < deadline && !s.is_gone() {
+            while s.d.nic.control_in_flight() > 0 && std::time::Instant::now() < deadline && !s.is_gone() {
                 s.pump()?;
             }
-            let unacknowledged = s.ep.control_in_flight() as u64;
+            let unacknowledged = s.d.nic.control_in_flight() as u64;
             eprintln!("{case}: {} messages in {} s", sent - unacknowledged, hold.as_secs());
             s.settle(Duration::from_millis(200))?;
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
@@ -242,7 +242,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             return Ok(if s.is_gone() { Outcome::ClosedByServer } else { Outcome::StillOpen });
         }
         "rdma-read" => {
-            let (remote, rkey, len) = (s.core.tx().remote_addr, s.core.tx().rkey, s.core.tx().len());
+            let (remote, rkey, len) = (s.d.core.tx().remote_addr, s.d.core.tx().rkey, s.d.core.tx().len());
             s.endpoint().post_read_raw(remote, rkey, len.min(4096))?;
             // A refused read fails this QP (remote access error): the connection ends.
             let _ = s.settle(Duration::from_millis(500));
@@ -268,7 +268,7 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             s.endpoint().stop_reposting_receives();
             let answered = ping_until_the_writes_wait(&mut s)?;
             eprintln!("grow-in-flight: {answered} replies, then the server's writes wait");
-            let (addr, key, base) = (s.ep.rx_addr(), s.ep.rx_key(), s.ep.rx_len());
+            let (addr, key, base) = (s.d.nic.rx_addr(), s.d.nic.rx_key(), s.d.nic.rx_len());
             for i in 1..=200u32 {
                 let length = (base + i * 65536).min(crate::protocol::MAX_PEER_RX_SIZE);
                 s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?;
@@ -282,12 +282,15 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             return Ok(Outcome::StillOpen);
         }
         "register-wrap" => {
-            let msg =
-                ControlMessage::RegisterXferMemory { addr: u64::MAX - 4095, length: s.ep.rx_len(), key: s.ep.rx_key() };
+            let msg = ControlMessage::RegisterXferMemory {
+                addr: u64::MAX - 4095,
+                length: s.d.nic.rx_len(),
+                key: s.d.nic.rx_key(),
+            };
             s.endpoint().post_send_raw(&msg.encode())?;
         }
         "bad-rkey" => {
-            let (addr, len, key) = (s.ep.rx_addr(), s.ep.rx_len(), s.ep.rx_key());
+            let (addr, len, key) = (s.d.nic.rx_addr(), s.d.nic.rx_len(), s.d.nic.rx_key());
             let msg = ControlMessage::RegisterXferMemory { addr, length: len, key: key ^ 0x5a5a };
             s.endpoint().post_send_raw(&msg.encode())?;
             s.settle(Duration::from_millis(100))?;

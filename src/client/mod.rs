@@ -22,6 +22,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::protocol::conn::{Conn, Failure, ReadError, Received, State, WriteError};
+use crate::protocol::driver::Driver;
 use crate::protocol::session::Role;
 use crate::protocol::{ControlMessage, Violation, DEFAULT_RX_SIZE};
 use crate::verbs::{self, CmId, Completion, ConnParams, Endpoint, EndpointConfig, EventChannel, VerbsError};
@@ -117,9 +118,9 @@ pub(crate) const CONNECT_PARAMS: ConnParams = ConnParams { retry_count: 7, rnr_r
 /// of bytes before a disconnect.
 pub struct RdmaStream {
     // Field order is drop order: the endpoint (with its id) before the channel.
-    ep: Endpoint,
+    /// The protocol core and the endpoint as its NIC (`protocol::driver`).
+    pub(crate) d: Driver<Endpoint>,
     channel: EventChannel,
-    pub(crate) core: Conn,
     timeout: Duration,
     /// Reused for each poll of the completion queue.
     completions: Vec<Completion>,
@@ -137,19 +138,18 @@ impl RdmaStream {
         expect_event(&channel, Expect::Established, deadline, &addr)?;
         let core = Conn::new(Role::Client, ep.rx_region());
         let mut s = RdmaStream {
-            ep,
+            d: Driver::new(core, ep),
             channel,
-            core,
             timeout: opts.timeout,
             completions: Vec::new(),
             peeked: Vec::new(),
             server_features: None,
             keepalives: 0,
         };
-        s.core.on_established(); // queues our RegisterXferMemory (docs/protocol.md §1)
+        s.d.core.on_established(); // queues our RegisterXferMemory (docs/protocol.md §1)
         s.flush_control()?;
         // Wait for the server's RegisterXferMemory: until then nothing can be written.
-        while s.core.tx().is_empty() {
+        while s.d.core.tx().is_empty() {
             s.wait(deadline, "the server's RegisterXferMemory")?;
         }
         Ok(s)
@@ -184,29 +184,23 @@ impl RdmaStream {
     }
 
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.ep.id().peer_addr()
+        self.d.nic.id().peer_addr()
     }
 
     /// The address the peer's RegisterXferMemory named for its RX buffer (0 before one
     /// arrived).
     pub fn peer_window_addr(&self) -> u64 {
-        self.core.tx().remote_addr
+        self.d.core.tx().remote_addr
     }
 
     /// Posts the control messages the core queued.
     fn flush_control(&mut self) -> Result<()> {
-        while let Some(msg) = self.core.poll_control() {
-            if let Err(e) = self.ep.post_control(&msg) {
-                let _ = self.core.on_local_error(e.op.name(), e.errno);
-                return Err(e.into());
-            }
-        }
-        Ok(())
+        self.d.flush_control().map_err(ClientError::from)
     }
 
     /// The peer left, the connection failed, or we closed it.
     pub fn is_gone(&self) -> bool {
-        !matches!(self.core.state(), State::Accepting | State::Established)
+        !matches!(self.d.core.state(), State::Accepting | State::Established)
     }
 
     /// Processes completions and CM events that are already there (no waiting).
@@ -222,7 +216,7 @@ impl RdmaStream {
         let mut progressed = self.drain_completions()?;
         while let Some(e) = self.channel.next_event()? {
             progressed = true;
-            if e.is_disconnect() && self.core.on_disconnected() {
+            if e.is_disconnect() && self.d.core.on_disconnected() {
                 self.drain_completions()?;
             }
         }
@@ -235,25 +229,17 @@ impl RdmaStream {
         loop {
             self.completions.clear();
             let completions = &mut self.completions;
-            let left = self.ep.poll(1024, |c| completions.push(c))?;
+            let left = self.d.nic.poll(1024, |c| completions.push(c))?;
             any |= !self.completions.is_empty();
-            for i in 0..self.completions.len() {
-                match self.completions[i] {
-                    Completion::Control { bytes, len } => {
-                        match self.core.on_control(&bytes[..(len as usize).min(bytes.len())])? {
-                            Received::PeerRxRegistered { len, resized: true } => self.ep.ensure_tx(len)?,
-                            Received::ServerFeatures(f) => self.server_features = Some(f),
-                            Received::Keepalive => self.keepalives += 1,
-                            _ => {}
-                        }
-                    }
-                    Completion::Data { imm } => self.core.on_data(imm)?,
-                    Completion::Failed { status, vendor_err } => {
-                        self.core.on_work_request_failed(status, vendor_err)?
-                    }
-                }
+            let (features, keepalives) = (&mut self.server_features, &mut self.keepalives);
+            let failed = self.d.feed(&self.completions, |r| match r {
+                Received::ServerFeatures(f) => *features = Some(f),
+                Received::Keepalive => *keepalives += 1,
+                _ => {}
+            });
+            if let Some(f) = failed {
+                return Err(f.into());
             }
-            self.flush_control()?;
             if !left {
                 return Ok(any);
             }
@@ -264,7 +250,7 @@ impl RdmaStream {
     /// rdma_cm event channel. When either is readable, call [`pump`](Self::pump)
     /// (or [`peek`](Self::peek) / [`try_read`](Self::try_read), which pump first).
     pub fn poll_fds(&self) -> [i32; 2] {
-        [self.ep.comp_fd(), self.channel.fd()]
+        [self.d.nic.comp_fd(), self.channel.fd()]
     }
 
     /// Bytes [`try_write`](Self::try_write) accepts now, in one write: the room left in
@@ -272,7 +258,7 @@ impl RdmaStream {
     /// full or the peer is gone. A relay reads only this much from its source, so
     /// nothing is buffered beyond the window and backpressure reaches the source.
     pub fn write_room(&self) -> usize {
-        self.core.write_room(self.ep.can_write())
+        self.d.core.write_room(self.d.nic.can_write())
     }
 
     /// A copy of the unread received bytes, after processing what is there (never waits). Empty
@@ -282,10 +268,10 @@ impl RdmaStream {
     /// server's window stays closed while the sink is blocked.
     pub fn peek(&mut self) -> Result<&[u8]> {
         self.pump()?;
-        match self.core.readable() {
+        match self.d.core.readable() {
             Ok(range) => {
                 self.peeked.clear();
-                self.ep.copy_rx_into_vec(range, &mut self.peeked);
+                self.d.nic.copy_rx_into_vec(range, &mut self.peeked);
                 Ok(&self.peeked)
             }
             Err(ReadError::WouldBlock) => Ok(&[]),
@@ -298,7 +284,7 @@ impl RdmaStream {
     /// a full RX buffer it is handed back to the server (RegisterXferMemory), unless
     /// the server is gone.
     pub fn consume(&mut self, n: usize) -> Result<()> {
-        self.core.consume(n);
+        self.d.core.consume(n);
         self.flush_control()
     }
 
@@ -312,17 +298,12 @@ impl RdmaStream {
 
     /// What [`read`](Self::read) returns without waiting: `None` when nothing is there.
     fn read_now(&mut self, buf: &mut [u8]) -> Result<Option<usize>> {
-        match self.core.read(buf.len()) {
-            Ok(range) => {
-                let n = range.len();
-                self.ep.copy_rx(range, buf);
-                // after the copy: the hand-back lets the server write over these bytes
-                self.flush_control()?;
-                Ok(Some(n))
-            }
-            Err(ReadError::WouldBlock) => Ok(None),
-            Err(ReadError::Eof | ReadError::Closed) => Err(ClientError::PeerGone),
-            Err(ReadError::Failed(f)) => Err(f.into()),
+        match self.d.read(buf) {
+            (Ok(n), None) => Ok(Some(n)),
+            (Ok(_), Some(f)) => Err(f.into()),
+            (Err(ReadError::WouldBlock), _) => Ok(None),
+            (Err(ReadError::Eof | ReadError::Closed), _) => Err(ClientError::PeerGone),
+            (Err(ReadError::Failed(f)), _) => Err(f.into()),
         }
     }
 
@@ -334,7 +315,7 @@ impl RdmaStream {
             return Ok(());
         }
         if self.is_gone() {
-            return Err(match self.core.failure() {
+            return Err(match self.d.core.failure() {
                 Some(f) => f.clone().into(),
                 None => ClientError::PeerGone,
             });
@@ -362,16 +343,9 @@ impl RdmaStream {
 
     /// Writes as much as the window takes now (one RDMA_WRITE_WITH_IMM).
     pub fn try_write(&mut self, data: &[u8]) -> Result<usize> {
-        // a client's TX buffer is one chunk: the limit is the send queue's room
-        let len = data.len().min(self.ep.tx_write_limit(self.core.tx_offset()) as usize);
-        match self.core.write(len, self.ep.can_write()) {
-            Ok(g) => {
-                if let Err(e) = self.ep.post_write(g.offset, &[data], g.len, g.remote_addr, g.rkey) {
-                    let _ = self.core.on_local_error(e.op.name(), e.errno);
-                    return Err(e.into());
-                }
-                Ok(g.len as usize)
-            }
+        // (a client's TX buffer is one chunk: the limit is the send queue's room)
+        match self.d.write(&[data]).0 {
+            Ok(g) => Ok(g.len as usize),
             Err(WriteError::WouldBlock(_)) => Ok(0),
             Err(WriteError::PeerClosed | WriteError::Closed) => Err(ClientError::PeerGone),
             Err(WriteError::Failed(f)) => Err(f.into()),
@@ -391,7 +365,7 @@ impl RdmaStream {
 
     /// Asks the server for its features (GetServerFeature) and waits for the answer.
     pub fn server_features(&mut self) -> Result<u64> {
-        self.core.send_control(ControlMessage::GetServerFeature { select_raw: [0, 0], features: 0 });
+        self.d.core.send_control(ControlMessage::GetServerFeature { select_raw: [0, 0], features: 0 });
         self.flush_control()?;
         let deadline = Instant::now() + self.timeout;
         self.server_features = None;
@@ -406,12 +380,12 @@ impl RdmaStream {
     /// Tells the server which features we want (SetClientFeature); none is defined,
     /// so only 0 is meaningful today.
     pub fn set_client_features(&mut self, features: u64) -> Result<()> {
-        self.core.send_control(ControlMessage::SetClientFeature { select_raw: [0, 0], features });
+        self.d.core.send_control(ControlMessage::SetClientFeature { select_raw: [0, 0], features });
         self.flush_control()
     }
 
     pub(crate) fn endpoint(&mut self) -> &mut Endpoint {
-        &mut self.ep
+        &mut self.d.nic
     }
 
     /// Processes whatever arrives for `d` (lets the server's messages arrive).
@@ -429,8 +403,8 @@ impl RdmaStream {
 
 impl Drop for RdmaStream {
     fn drop(&mut self) {
-        self.core.close();
-        self.ep.disconnect();
+        self.d.core.close();
+        self.d.nic.disconnect();
     }
 }
 

@@ -46,6 +46,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::*;
 use crate::protocol::control::CONTROL_MESSAGE_LEN;
+use crate::protocol::driver::{self, Completion, Driver, LocalError, Mutant, Nic, RunEnd, TxRefused};
 use crate::protocol::{Opcode, MAX_PEER_RX_SIZE};
 
 const SERVER: usize = 0;
@@ -176,18 +177,24 @@ enum Fate {
     PostFails(usize),
 }
 
-struct Side {
-    core: Conn,
+/// The fake NIC, one side's half: what `protocol::driver` drives here instead of a
+/// verbs endpoint.
+struct SimNic {
+    side: usize,
     rx: RxBuffer,
     rx_buf: Vec<u8>,
     tx_buf: Vec<u8>,
-    // the NIC, this side's half
+    /// In flight from this side to the other.
+    out: VecDeque<Wire>,
+    /// Decides when a larger RX buffer is ready (seeded from the simulation's PRNG).
+    rng: Rng,
+    /// A post failed since the simulator last looked (injected or a full send queue).
+    post_failed: bool,
     cq: VecDeque<Cqe>,
     /// A completion arrived since the last poll: the completion channel fd is readable.
     cq_notified: bool,
     /// Completions the driver takes per poll (the transport's poll budgets).
     cq_budget: usize,
-    cm: VecDeque<Cm>,
     /// Outstanding send work requests (id, signalled), in posting order.
     sq: VecDeque<(u64, bool)>,
     sq_depth: usize,
@@ -209,7 +216,13 @@ struct Side {
     /// prepared buffer the next hand-back names.
     preparing: Option<u32>,
     prepared: Option<RxBuffer>,
-    // the driver
+}
+
+struct Side {
+    /// The core and the fake NIC, driven by the production driver.
+    d: Driver<SimNic>,
+    cm: VecDeque<Cm>,
+    // the event loop's bookkeeping
     pending: bool,
     in_run: bool,
     unregisters: u32,
@@ -243,15 +256,17 @@ impl Side {
         let rx = RxBuffer { addr: 0x1000_0000 * (side as u64 + 1), len: rx_len, key: 7 + side as u32 };
         let sq_depth = rng.range(12, 64) as usize;
         let peer = u64::from(peer_rx_len);
-        Side {
-            core: Conn::new(role, rx),
+        let nic = SimNic {
+            side,
             rx,
             rx_buf: vec![0; rx_len as usize],
             tx_buf: Vec::new(),
+            out: VecDeque::new(),
+            rng: Rng(rng.next()),
+            post_failed: false,
             cq: VecDeque::new(),
             cq_notified: false,
             cq_budget: if rng.one_in(2) { usize::MAX } else { rng.range(1, 8) as usize },
-            cm: VecDeque::new(),
             sq: VecDeque::new(),
             sq_depth,
             sq_reserve: rng.range(8, sq_depth as u64 - 2) as usize,
@@ -267,6 +282,10 @@ impl Side {
             preparing: None,
             prepared: None,
             registered_once: false,
+        };
+        Side {
+            d: Driver::new(Conn::new(role, rx), nic),
+            cm: VecDeque::new(),
             pending: false,
             in_run: false,
             unregisters: 0,
@@ -292,37 +311,198 @@ impl Side {
         }
     }
 
-    fn complete(&mut self, c: Cqe) {
-        self.cq.push_back(c);
-        self.cq_notified = true;
-    }
-
-    fn sq_room(&self) -> bool {
-        self.sq_depth - self.sq.len() > self.sq_reserve
-    }
-
     /// The independent oracle of "the handler is installed and its condition holds",
     /// for handlers that make progress when called (the application has output to
     /// write, and is not about to free the client): a handler that makes none is, by
     /// design, not called again until something changes.
     fn due(&self) -> [bool; 2] {
-        if self.freed || *self.core.state() == State::Closed || self.close_asap || self.io_touched {
+        let core = &self.d.core;
+        if self.freed || *core.state() == State::Closed || self.close_asap || self.io_touched {
             return [false, false];
         }
-        let p = self.core.postponed();
-        let terminal = matches!(self.core.state(), State::Failed(_))
-            || (*self.core.state() == State::PeerClosed && !self.core.rx().has_unread());
-        let read = self.core.has_read_handler() && !p.read && (self.core.rx().has_unread() || terminal);
+        let p = core.postponed();
+        let terminal =
+            matches!(core.state(), State::Failed(_)) || (*core.state() == State::PeerClosed && !core.rx().has_unread());
+        let read = core.has_read_handler() && !p.read && (core.rx().has_unread() || terminal);
         // while the peer's last bytes are unread, only the read handler runs (a write
         // would fail and the server would free the client before reading them)
-        let write = self.core.has_write_handler()
+        let write = core.has_write_handler()
             && !p.write
             && (terminal
-                || (*self.core.state() == State::Established
-                    && self.core.tx().available() > 0
-                    && self.sq_room()
+                || (*core.state() == State::Established
+                    && core.tx().available() > 0
+                    && self.d.nic.sq_room()
                     && self.sent < self.produced));
         [read, write]
+    }
+}
+
+/// What a failed post reports.
+const POST_FAILED: LocalError = LocalError { call: "ibv_post_send", errno: libc::ENOMEM };
+
+impl SimNic {
+    fn complete(&mut self, c: Cqe) {
+        self.cq.push_back(c);
+        self.cq_notified = true;
+    }
+
+    /// Takes a send-queue entry for a work request: `(id, signalled)`. Fails when a
+    /// failure was injected, or for a control message finding the send queue full,
+    /// which fails the connection (docs/protocol.md §3.3): reachable only when the NIC
+    /// sits on the entries kept for control messages for many keepalive periods, which
+    /// this NIC may do.
+    fn post(&mut self, control: bool) -> Result<(u64, bool), LocalError> {
+        let full = self.sq.len() == self.sq_depth;
+        if full && !control {
+            panic!("{}: a data write was granted with a full send queue", NAME[self.side]);
+        }
+        if self.fail_next_post || full {
+            self.fail_next_post = false;
+            self.post_failed = true;
+            stat(|x| &x.post_failures);
+            return Err(POST_FAILED);
+        }
+        let wr = self.next_wr;
+        self.next_wr += 1;
+        self.unsignaled_run += 1;
+        let signaled = control
+            || self.unsignaled_run >= self.signal_every
+            || self.sq_depth - (self.sq.len() + 1) <= self.sq_reserve;
+        if signaled {
+            self.unsignaled_run = 0;
+        }
+        if self.link_down {
+            // the QP is going down: this request fails (retries exhausted or flushed)
+            let e = Cqe::Failed { wr: None, status: RETRY_EXC_ERR, forged: None };
+            if self.errors_early {
+                self.complete(e);
+            } else {
+                self.deferred.push(e);
+            }
+            return Ok((wr, signaled));
+        }
+        self.sq.push_back((wr, signaled));
+        Ok((wr, signaled))
+    }
+
+    /// A signalled completion frees its entry and every one before it (RC completes in
+    /// order).
+    fn free_sq(&mut self, wr: u64) {
+        if self.sq.iter().any(|&(w, _)| w == wr) {
+            while let Some((w, _)) = self.sq.pop_front() {
+                if w == wr {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Nic for SimNic {
+    fn post_control(&mut self, msg: &ControlMessage) -> Result<(), LocalError> {
+        if let ControlMessage::RegisterXferMemory { addr, length, key } = *msg {
+            if (addr, length, key) != (self.rx.addr, self.rx.len, self.rx.key) {
+                panic!("{}: RegisterXferMemory names the wrong buffer: {msg:?}", NAME[self.side]);
+            }
+            // A window is handed back only when full and consumed, or at ESTABLISHED.
+            let fresh = !self.registered_once && self.landed_end == 0;
+            if !(fresh || self.landed_end == self.rx.len) {
+                panic!(
+                    "{}: RegisterXferMemory with landed bytes up to {} of {}",
+                    NAME[self.side], self.landed_end, self.rx.len
+                );
+            }
+            if self.registered_once {
+                stat(|x| &x.reregistrations);
+            }
+            self.registered_once = true;
+            self.landed_end = 0;
+            // From now on the peer may write over the whole buffer, and this NIC lets it
+            // do so at once: a byte the driver had not copied out before is lost, and
+            // the stream check sees it.
+            self.rx_buf.fill(0xa5);
+        }
+        let (wr, _) = self.post(true)?;
+        if !self.link_down {
+            self.out.push_back(Wire::Send { wr, bytes: msg.encode() });
+        }
+        Ok(())
+    }
+    fn sq_room(&self) -> bool {
+        self.sq_depth - self.sq.len() > self.sq_reserve
+    }
+    fn copy_rx(&mut self, range: std::ops::Range<usize>, out: &mut [u8]) {
+        out[..range.len()].copy_from_slice(&self.rx_buf[range]);
+    }
+    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused> {
+        if resized {
+            self.tx_buf.resize(len as usize, 0);
+        }
+        if self.tx_buf.len() != len as usize {
+            panic!("{}: TX buffer {} bytes for a {len}-byte window", NAME[self.side], self.tx_buf.len());
+        }
+        Ok(())
+    }
+    fn write_limit(&self, _tx_offset: u32) -> usize {
+        usize::MAX
+    }
+    fn post_write(&mut self, g: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
+        let (at, n) = (g.offset as usize, g.len as usize);
+        if self.tx_buf.len() < at + n {
+            panic!("{}: write grant {g:?} beyond the {}-byte TX buffer", NAME[self.side], self.tx_buf.len());
+        }
+        let mut done = 0;
+        for p in parts {
+            let k = p.len().min(n - done);
+            self.tx_buf[at + done..at + done + k].copy_from_slice(&p[..k]);
+            done += k;
+        }
+        let (wr, signaled) = self.post(false)?;
+        if !self.link_down {
+            let bytes = self.tx_buf[at..at + n].to_vec();
+            self.out.push_back(Wire::Write {
+                wr,
+                signaled,
+                offset: g.offset,
+                addr: g.remote_addr,
+                rkey: g.rkey,
+                bytes,
+            });
+        }
+        Ok(())
+    }
+    /// A larger buffer is prepared off the event loop: it becomes ready at some later
+    /// read, or cannot be made (the old one is kept).
+    fn rx_prepared(&mut self) -> Option<Option<RxBuffer>> {
+        if self.preparing.is_none() || !self.rng.one_in(3) {
+            return None;
+        }
+        let len = self.preparing.take().unwrap_or_default();
+        if self.rng.one_in(8) {
+            return Some(None);
+        }
+        let b = RxBuffer { addr: self.rx.addr + 0x100_0000, len, key: self.rx.key + 100 };
+        self.prepared = Some(b);
+        Some(Some(b))
+    }
+    fn prepare_rx(&mut self, len: u32) -> bool {
+        self.preparing = Some(len);
+        true
+    }
+    fn install_prepared_rx(&mut self) {
+        let Some(new) = self.prepared.take() else {
+            panic!("{}: RX buffer swapped without a prepared one", NAME[self.side]);
+        };
+        if self.landed_end != self.rx.len {
+            panic!(
+                "{}: RX buffer replaced with only {} of {} bytes landed",
+                NAME[self.side], self.landed_end, self.rx.len
+            );
+        }
+        self.rx = new;
+        self.rx_buf = vec![0; new.len as usize];
+        self.landed_end = new.len; // the old buffer was full: the hand-back check
+        stat(|x| &x.rx_grown);
     }
 }
 
@@ -331,8 +511,6 @@ struct Sim {
     rng: Rng,
     step: u64,
     sides: [Side; 2],
-    /// `wire[s]`: in flight from side `s` to the other.
-    wire: [VecDeque<Wire>; 2],
     fate: Fate,
     fate_step: u64,
     fate_done: bool,
@@ -355,7 +533,7 @@ impl Sim {
         let mut server = Side::new(Role::Server, &mut rng, srv_rx, cli_rx, big);
         if rng.one_in(2) {
             // adaptive RX window: the server's buffer may grow at hand-backs up to 64×
-            server.core.set_rx_cap(srv_rx.saturating_mul(rng.range(2, 64) as u32));
+            server.d.core.set_rx_cap(srv_rx.saturating_mul(rng.range(2, 64) as u32));
         }
         let client = Side::new(Role::Client, &mut rng, cli_rx, srv_rx, big);
         let fate = match rng.below(10) {
@@ -392,7 +570,6 @@ impl Sim {
             rng,
             step: 0,
             sides: [server, client],
-            wire: [VecDeque::new(), VecDeque::new()],
             fate,
             fate_step,
             fate_done: false,
@@ -412,28 +589,28 @@ impl Sim {
             format!(
                 "seed {}: rx {}/{}, caps {}/{}, budgets {}/{}, sq {}/{} {}/{}, fate {:?} at {}",
                 self.seed,
-                self.sides[0].rx.len,
-                self.sides[1].rx.len,
+                self.sides[0].d.nic.rx.len,
+                self.sides[1].d.nic.rx.len,
                 self.sides[0].write_cap,
                 self.sides[1].write_cap,
                 self.sides[0].budget,
                 self.sides[1].budget,
-                self.sides[0].sq_depth,
-                self.sides[0].sq_reserve,
-                self.sides[1].sq_depth,
-                self.sides[1].sq_reserve,
+                self.sides[0].d.nic.sq_depth,
+                self.sides[0].d.nic.sq_reserve,
+                self.sides[1].d.nic.sq_depth,
+                self.sides[1].d.nic.sq_reserve,
                 self.fate,
                 self.fate_step
             )
         });
         // CONNECT_REQUEST: createClient installs the read handler, then ct->accept runs
         // the accept handler (docs/protocol.md §1 step 5, docs/server-abi.md §4.1).
-        let s = &mut self.sides[SERVER];
-        s.core.set_read_handler(true);
-        s.core.on_accepted().expect("a new connection is accepted");
-        s.core.enter_handler();
-        assert_eq!(s.core.handler_returned(), AfterHandler::Continue);
-        self.sides[CLIENT].core.set_read_handler(true);
+        let s = &mut self.sides[SERVER].d.core;
+        s.set_read_handler(true);
+        s.on_accepted().expect("a new connection is accepted");
+        s.enter_handler();
+        assert_eq!(s.handler_returned(), AfterHandler::Continue);
+        self.sides[CLIENT].d.core.set_read_handler(true);
         self.sides[SERVER].cm.push_back(Cm::Established);
         self.sides[CLIENT].cm.push_back(Cm::Established);
 
@@ -486,10 +663,10 @@ impl Sim {
             Fate::LinkDown => self.link_down(),
             Fate::Hostile(s, f) => {
                 if !self.link_gone {
-                    self.wire[1 - s].push_back(Wire::Forged(f));
+                    self.sides[1 - s].d.nic.out.push_back(Wire::Forged(f));
                 }
             }
-            Fate::PostFails(s) => self.sides[s].fail_next_post = true,
+            Fate::PostFails(s) => self.sides[s].d.nic.fail_next_post = true,
         }
     }
 
@@ -499,7 +676,7 @@ impl Sim {
             return;
         }
         let left = side.budget - side.produced;
-        let piece = self.rng.range(1, 3 * u64::from(self.sides[1 - s].rx.len));
+        let piece = self.rng.range(1, 3 * u64::from(self.sides[1 - s].d.nic.rx.len));
         let n = self.rng.range(1, left.min(piece));
         self.add_output(s, n);
     }
@@ -509,7 +686,7 @@ impl Sim {
     fn add_output(&mut self, s: usize, n: u64) {
         let side = &mut self.sides[s];
         side.produced += n;
-        if side.io_owned.is_some() || side.core.has_write_handler() {
+        if side.io_owned.is_some() || side.d.core.has_write_handler() {
             return;
         }
         if self.rng.one_in(2) {
@@ -527,7 +704,7 @@ impl Sim {
         }
         let mask = [Postpone::READ, Postpone::WRITE, Postpone::BOTH][self.rng.below(3) as usize];
         side.io_owned = Some(mask);
-        side.core.postpone(mask);
+        side.d.core.postpone(mask);
         self.log(|| format!("{} io thread takes the client, {mask:?}", NAME[s]));
     }
 
@@ -552,15 +729,15 @@ impl Sim {
             return;
         }
         // processClientIOReadsDone / processClientIOWriteDone: mask, then update_state.
-        self.sides[s].core.postpone(Postpone::NONE);
-        let room = self.sides[s].sq_room();
-        if self.sides[s].core.update_state(room) {
+        let d = &mut self.sides[s].d;
+        d.core.postpone(Postpone::NONE);
+        if d.core.update_state(d.nic.sq_room()) {
             self.sides[s].pending = true;
         }
         let side = &self.sides[s];
-        if side.sent < side.produced && !side.core.has_write_handler() && !side.app_closed {
+        if side.sent < side.produced && !side.d.core.has_write_handler() && !side.app_closed {
             self.sides[s].pending_writes = true;
-        } else if side.sent == side.produced && side.core.has_write_handler() && !side.app_closed {
+        } else if side.sent == side.produced && side.d.core.has_write_handler() && !side.app_closed {
             self.set_write_handler(s, false, false); // the IO thread wrote it all
         }
         self.log(|| format!("{} io thread done", NAME[s]));
@@ -574,7 +751,7 @@ impl Sim {
         if side.protected {
             side.protected = false;
             self.set_read_handler(s, true);
-        } else if side.core.has_read_handler() {
+        } else if side.d.core.has_read_handler() {
             side.protected = true;
             self.set_read_handler(s, false);
         }
@@ -582,10 +759,10 @@ impl Sim {
 
     fn toggle_barrier(&mut self, s: usize) {
         let side = &self.sides[s];
-        if side.freed || side.app_closed || !side.core.has_write_handler() {
+        if side.freed || side.app_closed || !side.d.core.has_write_handler() {
             return;
         }
-        let barrier = !side.core.write_barrier();
+        let barrier = !side.d.core.write_barrier();
         self.set_write_handler(s, true, barrier);
     }
 
@@ -597,15 +774,16 @@ impl Sim {
             // (the fake NIC acknowledges everything: no silent peer here; a side may
             // or may not have written since the last tick)
             let busy = self.rng.one_in(2);
-            let _ = self.sides[s].core.keepalive_tick(0, busy);
-            self.flush_control(s);
+            let live = self.is_live(s);
+            let failed = self.sides[s].d.keepalive(0, busy);
+            self.after_post(s, live, failed.as_ref());
             self.queue_if_due(s);
         }
     }
 
     fn ask_features(&mut self) {
         let c = &mut self.sides[CLIENT];
-        if c.freed || c.app_closed || *c.core.state() != State::Established {
+        if c.freed || c.app_closed || *c.d.core.state() != State::Established {
             return;
         }
         let msg = if self.rng.one_in(2) {
@@ -614,7 +792,7 @@ impl Sim {
         } else {
             ControlMessage::SetClientFeature { select_raw: [0, 0], features: self.rng.below(3) }
         };
-        c.core.send_control(msg);
+        c.d.core.send_control(msg);
         self.flush_control(CLIENT);
         self.queue_if_due(CLIENT);
     }
@@ -623,7 +801,7 @@ impl Sim {
 
     fn set_read_handler(&mut self, s: usize, installed: bool) {
         self.log(|| format!("{} read handler {}", NAME[s], if installed { "installed" } else { "removed" }));
-        self.sides[s].core.set_read_handler(installed);
+        self.sides[s].d.core.set_read_handler(installed);
         self.queue_if_due(s);
     }
 
@@ -632,150 +810,47 @@ impl Sim {
             let what = if installed { "installed" } else { "removed" };
             format!("{} write handler {what}{}", NAME[s], if barrier { " with a barrier" } else { "" })
         });
-        self.sides[s].core.set_write_handler(installed, barrier);
+        self.sides[s].d.core.set_write_handler(installed, barrier);
         self.queue_if_due(s);
     }
 
     /// `queue_if_due`, after an input made outside a run.
     fn queue_if_due(&mut self, s: usize) {
         let side = &mut self.sides[s];
-        if !side.freed && !side.in_run && side.core.wants_pending(side.sq_room()) {
+        if !side.freed && !side.in_run && side.d.wants_pending() {
             side.pending = true;
         }
     }
 
-    /// Posts a work request; `None` when posting failed (reported to the core).
-    fn post(&mut self, s: usize, control: bool) -> Option<(u64, bool)> {
-        let side = &mut self.sides[s];
-        let full = side.sq.len() == side.sq_depth;
-        if full && !control {
-            fail!(self, "{}: a data write was granted with a full send queue", NAME[s]);
-        }
-        // An injected failure, or a control message finding the send queue full, which
-        // fails the connection (docs/protocol.md §3.3): reachable only when the NIC sits
-        // on the entries kept for control messages for many keepalive periods, which
-        // this NIC may do.
-        if side.fail_next_post || full {
-            side.fail_next_post = false;
-            let want = matches!(side.core.state(), State::Accepting | State::Established);
-            let r = side.core.on_local_error("ibv_post_send", libc::ENOMEM);
-            if r.is_err() != want {
-                fail!(self, "{}: post failure: got {r:?}, expected a failure: {want}", NAME[s]);
-            }
-            stat(|x| &x.post_failures);
-            self.log(|| format!("{}: post failed", NAME[s]));
-            return None;
-        }
-        let wr = side.next_wr;
-        side.next_wr += 1;
-        side.unsignaled_run += 1;
-        let signaled = control
-            || side.unsignaled_run >= side.signal_every
-            || side.sq_depth - (side.sq.len() + 1) <= side.sq_reserve;
-        if signaled {
-            side.unsignaled_run = 0;
-        }
-        if side.link_down {
-            // the QP is going down: this request fails (retries exhausted or flushed)
-            let e = Cqe::Failed { wr: None, status: RETRY_EXC_ERR, forged: None };
-            if side.errors_early {
-                side.complete(e);
-            } else {
-                side.deferred.push(e);
-            }
-            return Some((wr, signaled));
-        }
-        side.sq.push_back((wr, signaled));
-        Some((wr, signaled))
+    /// Whether a failure now would be news (the connection is not over yet).
+    fn is_live(&self, s: usize) -> bool {
+        matches!(self.sides[s].d.core.state(), State::Accepting | State::Established)
     }
 
-    /// The driver's part of an adaptive RX window, before a read: a larger buffer is
-    /// prepared off the event loop, so it becomes ready at some later read (or cannot
-    /// be made, and the old one is kept).
-    fn prepare_rx(&mut self, s: usize) {
-        if self.sides[s].preparing.is_none() || !self.rng.one_in(3) {
+    /// Posts what the core queued (`Driver::flush_control`).
+    fn flush_control(&mut self, s: usize) {
+        let live = self.is_live(s);
+        let r = self.sides[s].d.flush_control();
+        self.after_post(s, live, r.err().as_ref());
+    }
+
+    /// After the driver posted: a post the fake NIC failed fails the connection exactly
+    /// when it was live.
+    fn after_post(&mut self, s: usize, live_before: bool, failed: Option<&Failure>) {
+        if !std::mem::take(&mut self.sides[s].d.nic.post_failed) {
             return;
         }
-        let len = self.sides[s].preparing.take().unwrap_or_default();
-        if self.rng.one_in(8) {
-            self.log(|| format!("{} cannot grow its RX buffer to {len}", NAME[s]));
-            self.sides[s].core.rx_growth_ready(None);
-        } else {
-            let side = &mut self.sides[s];
-            let b = RxBuffer { addr: side.rx.addr + 0x100_0000, len, key: side.rx.key + 100 };
-            side.prepared = Some(b);
-            self.log(|| format!("{} has prepared an RX buffer of {len}", NAME[s]));
-            self.sides[s].core.rx_growth_ready(Some(b));
+        if failed.is_some() != live_before {
+            fail!(self, "{}: post failure: got {failed:?}, expected a failure: {live_before}", NAME[s]);
         }
-    }
-
-    /// After a read: a hand-back that named the prepared buffer swaps it in; a wanted
-    /// growth starts being prepared.
-    fn grow_rx(&mut self, s: usize) {
-        if self.sides[s].core.take_rx_swap() {
-            let side = &mut self.sides[s];
-            let Some(new) = side.prepared.take() else {
-                fail!(self, "{}: RX buffer swapped without a prepared one", NAME[s]);
-            };
-            if side.landed_end != side.rx.len {
-                fail!(
-                    self,
-                    "{}: RX buffer replaced with only {} of {} bytes landed",
-                    NAME[s],
-                    side.landed_end,
-                    side.rx.len
-                );
-            }
-            let side = &mut self.sides[s];
-            side.rx = new;
-            side.rx_buf = vec![0; new.len as usize];
-            side.landed_end = new.len; // the old buffer was full: the hand-back check below
-            stat(|x| &x.rx_grown);
-            self.log(|| format!("{} grows its RX buffer to {}", NAME[s], new.len));
-        }
-        if let Some(len) = self.sides[s].core.take_rx_growth_wanted() {
-            self.sides[s].preparing = Some(len);
-        }
-    }
-
-    fn flush_control(&mut self, s: usize) {
-        while let Some(msg) = self.sides[s].core.poll_control() {
-            if let ControlMessage::RegisterXferMemory { addr, length, key } = msg {
-                let side = &mut self.sides[s];
-                if (addr, length, key) != (side.rx.addr, side.rx.len, side.rx.key) {
-                    fail!(self, "{}: RegisterXferMemory names the wrong buffer: {msg:?}", NAME[s]);
-                }
-                // A window is handed back only when full and consumed, or at ESTABLISHED.
-                let fresh = !side.registered_once && side.landed_end == 0;
-                if !(fresh || side.landed_end == side.rx.len) || !side.core.rx().readable().is_empty() {
-                    fail!(
-                        self,
-                        "{}: RegisterXferMemory with landed bytes up to {} of {} and unread {:?}",
-                        NAME[s],
-                        side.landed_end,
-                        side.rx.len,
-                        side.core.rx().readable()
-                    );
-                }
-                if side.registered_once {
-                    stat(|x| &x.reregistrations);
-                }
-                side.registered_once = true;
-                side.landed_end = 0;
-            }
-            self.log(|| format!("{} posts {msg:?}", NAME[s]));
-            let Some((wr, _)) = self.post(s, true) else { return };
-            if !self.sides[s].link_down {
-                self.wire[s].push_back(Wire::Send { wr, bytes: msg.encode() });
-            }
-        }
+        self.log(|| format!("{}: post failed", NAME[s]));
     }
 
     /// What the core must answer to a completion: `Some(failure)` or `None` (accepted,
     /// or ignored because the connection already ended).
     fn expected(&self, s: usize, forged: Option<Forged>, flush: bool) -> Option<Failure> {
         let side = &self.sides[s];
-        let state = side.core.state();
+        let state = side.d.core.state();
         if matches!(state, State::Failed(_) | State::Closed) {
             return None;
         }
@@ -789,7 +864,7 @@ impl Sim {
             Some(Forged::BadRegisterLength(n)) => p(Violation::BadRegisterLength(n)),
             Some(Forged::SetClientFeatureToClient) => p(Violation::UnexpectedOpcode(Opcode::SetClientFeature)),
             Some(Forged::Overrun(imm)) => {
-                p(Violation::RxOverrun { offset: side.core.rx().readable().end as u32, imm, len: side.rx.len })
+                p(Violation::RxOverrun { offset: side.d.core.rx().readable().end as u32, imm, len: side.d.nic.rx.len })
             }
             Some(Forged::TooLongSend) => live.then_some(Failure::WorkRequest { status: LOC_LEN_ERR, vendor_err: 0x6b }),
         }
@@ -816,31 +891,22 @@ impl Sim {
         }
     }
 
-    /// Polls up to `budget` completions into the core (`process_completions`).
+    /// Polls up to `budget` completions of the fake CQ and hands each to the driver,
+    /// checking what the core answered; then the driver posts what they queued
+    /// (`process_completions`).
     fn drain_cq(&mut self, s: usize, budget: usize) {
-        self.sides[s].cq_notified = false;
+        self.sides[s].d.nic.cq_notified = false;
         for _ in 0..budget {
-            let Some(c) = self.sides[s].cq.pop_front() else { break };
+            let Some(c) = self.sides[s].d.nic.cq.pop_front() else { break };
             match c {
-                Cqe::SendDone(wr) => self.free_sq(s, wr),
+                Cqe::SendDone(wr) => self.sides[s].d.nic.free_sq(wr),
                 Cqe::Control(bytes, forged) => {
                     let want = self.expected(s, forged, false);
-                    let r = self.sides[s].core.on_control(&bytes);
+                    let mut slot = [0u8; CONTROL_MESSAGE_LEN];
+                    let n = bytes.len().min(CONTROL_MESSAGE_LEN);
+                    slot[..n].copy_from_slice(&bytes[..n]);
+                    let r = self.sides[s].d.on_completion(Completion::Control { bytes: slot, len: bytes.len() as u32 });
                     match r {
-                        Ok(Received::PeerRxRegistered { len, resized }) => {
-                            let side = &mut self.sides[s];
-                            if resized {
-                                side.tx_buf.resize(len as usize, 0);
-                            }
-                            if side.tx_buf.len() != len as usize {
-                                fail!(
-                                    self,
-                                    "{}: TX buffer {} bytes for a {len}-byte window",
-                                    NAME[s],
-                                    side.tx_buf.len()
-                                );
-                            }
-                        }
                         Ok(Received::Keepalive) => self.sides[s].keepalives += 1,
                         Ok(Received::ServerFeatures(f)) => {
                             if f != 0 || s != CLIENT {
@@ -848,106 +914,66 @@ impl Sim {
                             }
                             self.sides[s].features_answered += 1;
                         }
-                        Ok(Received::UnsupportedFeatures(_)) | Ok(Received::Nothing) => {}
-                        Err(_) => {}
+                        _ => {}
                     }
                     self.check_failure(s, &format!("control {forged:?}"), r.map(|_| ()), want);
                 }
                 Cqe::Data(imm, forged) => {
                     let want = self.expected(s, forged, false);
-                    let r = self.sides[s].core.on_data(imm);
+                    let r = self.sides[s].d.on_completion(Completion::Data { imm }).map(|_| ());
                     self.check_failure(s, &format!("data imm {imm} {forged:?}"), r, want);
                 }
                 Cqe::Failed { wr, status, forged } => {
                     if let Some(wr) = wr {
-                        self.free_sq(s, wr);
+                        self.sides[s].d.nic.free_sq(wr);
                     }
-                    if forged.is_none() && !self.sides[s].link_down {
+                    if forged.is_none() && !self.sides[s].d.nic.link_down {
                         fail!(self, "{}: a work request failed on a healthy link", NAME[s]);
                     }
                     let want = self.expected(s, forged, forged.is_none());
-                    let vendor = if forged.is_some() { 0x6b } else { 0 };
-                    let r = self.sides[s].core.on_work_request_failed(status, vendor);
+                    let vendor_err = if forged.is_some() { 0x6b } else { 0 };
+                    let r = self.sides[s].d.on_completion(Completion::Failed { status, vendor_err }).map(|_| ());
                     self.check_failure(s, &format!("failed work request {status} {forged:?}"), r, want);
                 }
             }
         }
-        let left = !self.sides[s].cq.is_empty();
-        self.sides[s].core.set_completions_left(left);
+        let left = !self.sides[s].d.nic.cq.is_empty();
+        self.sides[s].d.core.set_completions_left(left);
         self.flush_control(s);
     }
 
-    /// A signalled completion frees its entry and every one before it (RC completes in
-    /// order).
-    fn free_sq(&mut self, s: usize, wr: u64) {
-        let sq = &mut self.sides[s].sq;
-        if sq.iter().any(|&(w, _)| w == wr) {
-            while let Some((w, _)) = sq.pop_front() {
-                if w == wr {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// One run of the handlers (`run_handlers`), as the core schedules it.
+    /// One run of the handlers: the production `driver::run`, with the simulated
+    /// application as the server's handlers.
     fn run_handlers(&mut self, s: usize) {
         if self.sides[s].freed {
             return;
         }
         self.sides[s].in_run = true;
-        self.sides[s].core.begin_run();
-        loop {
-            let room = self.sides[s].sq_room();
-            match self.sides[s].core.next_step(room) {
-                Step::Done { pending } => {
-                    self.log(|| format!("{} run done, pending {pending}", NAME[s]));
-                    self.sides[s].in_run = false;
-                    if pending {
-                        self.sides[s].pending = true;
-                        if self.sides[s].core.completions_left() {
-                            stat(|x| &x.backlog_turns);
-                        } else if *self.sides[s].core.state() == State::Established {
-                            stat(|x| &x.write_reruns);
-                        }
-                    }
-                    return;
-                }
-                Step::Call(h) => {
-                    if self.sides[s].app_closed {
-                        fail!(self, "{}: {h:?} handler called after close", NAME[s]);
-                    }
-                    let installed = match h {
-                        Handler::Read => self.sides[s].core.has_read_handler(),
-                        Handler::Write => self.sides[s].core.has_write_handler(),
-                    };
-                    if !installed {
-                        fail!(self, "{}: {h:?} handler called while not installed", NAME[s]);
-                    }
-                    self.sides[s].called[h as usize] = true;
-                    self.log(|| format!("{} calls its {h:?} handler", NAME[s]));
-                    match h {
-                        Handler::Read => self.app_read(s, true),
-                        Handler::Write => self.app_write(s, true),
-                    }
-                    match self.sides[s].core.handler_returned() {
-                        AfterHandler::Continue => {}
-                        AfterHandler::FreeNow => {
-                            stat(|x| &x.scheduled_frees);
-                            self.sides[s].in_run = false;
-                            self.free(s);
-                            return;
-                        }
-                        AfterHandler::Closed => fail!(self, "{}: nested handler reported", NAME[s]),
+        let end = driver::run(&mut SimHost { sim: self, s });
+        self.sides[s].in_run = false;
+        match end {
+            RunEnd::Done { pending } => {
+                self.log(|| format!("{} run done, pending {pending}", NAME[s]));
+                if pending {
+                    self.sides[s].pending = true;
+                    if self.sides[s].d.core.completions_left() {
+                        stat(|x| &x.backlog_turns);
+                    } else if *self.sides[s].d.core.state() == State::Established {
+                        stat(|x| &x.write_reruns);
                     }
                 }
             }
+            RunEnd::FreeNow => {
+                stat(|x| &x.scheduled_frees);
+                self.free(s);
+            }
+            RunEnd::ClosedInside => fail!(self, "{}: nested handler reported", NAME[s]),
         }
     }
 
     /// `ct->close` from the application.
     fn close(&mut self, s: usize) {
-        let out = self.sides[s].core.close();
+        let out = self.sides[s].d.core.close();
         let side = &mut self.sides[s];
         side.app_closed = true;
         if out.unregister {
@@ -977,29 +1003,32 @@ impl Sim {
     }
 
     fn lose_in_flight(&mut self, from: usize) {
-        let keep = self.rng.below(self.wire[from].len() as u64 + 1) as usize;
+        let keep = self.rng.below(self.sides[from].d.nic.out.len() as u64 + 1) as usize;
         for _ in 0..keep {
-            let op = self.wire[from].pop_front().unwrap();
+            let op = self.sides[from].d.nic.out.pop_front().unwrap();
             self.land(from, op);
         }
-        let lost: Vec<Wire> = self.wire[from].drain(..).collect();
+        let lost: Vec<Wire> = self.sides[from].d.nic.out.drain(..).collect();
+        let errors_early = self.rng.one_in(8);
+        let statuses: Vec<u32> =
+            lost.iter().map(|_| if self.rng.one_in(2) { RETRY_EXC_ERR } else { WR_FLUSH_ERR }).collect();
         let side = &mut self.sides[from];
         if side.freed {
             return;
         }
-        side.link_down = true;
-        side.errors_early = self.rng.one_in(8);
-        for op in lost {
+        let nic = &mut side.d.nic;
+        nic.link_down = true;
+        nic.errors_early = errors_early;
+        for (op, status) in lost.into_iter().zip(statuses) {
             let wr = match op {
                 Wire::Write { wr, .. } | Wire::Send { wr, .. } => Some(wr),
                 Wire::Forged(_) => continue,
             };
-            let status = if self.rng.one_in(2) { RETRY_EXC_ERR } else { WR_FLUSH_ERR };
             let e = Cqe::Failed { wr, status, forged: None };
-            if side.errors_early {
-                side.complete(e);
+            if nic.errors_early {
+                nic.complete(e);
             } else {
-                side.deferred.push(e);
+                nic.deferred.push(e);
             }
         }
     }
@@ -1008,7 +1037,7 @@ impl Sim {
     /// or is lost; the peer gets DISCONNECTED.
     fn leave(&mut self, s: usize) {
         if self.link_gone {
-            self.wire = [VecDeque::new(), VecDeque::new()];
+            self.sides.iter_mut().for_each(|x| x.d.nic.out.clear());
             return;
         }
         self.link_gone = true;
@@ -1037,7 +1066,7 @@ impl Sim {
 
     fn deliver(&mut self, from: usize, k: usize) {
         for _ in 0..k {
-            let Some(op) = self.wire[from].pop_front() else { return };
+            let Some(op) = self.sides[from].d.nic.out.pop_front() else { return };
             self.land(from, op);
         }
     }
@@ -1046,8 +1075,9 @@ impl Sim {
         let to = 1 - from;
         match op {
             Wire::Write { wr, signaled, offset, addr, rkey, bytes } => {
-                let r = &mut self.sides[to];
-                if !r.freed {
+                let freed = self.sides[to].freed;
+                let r = &mut self.sides[to].d.nic;
+                if !freed {
                     let n = bytes.len() as u32;
                     if addr != r.rx.addr || rkey != r.rx.key {
                         fail!(self, "{} wrote to addr {addr:#x} rkey {rkey}", NAME[from]);
@@ -1068,15 +1098,15 @@ impl Sim {
                     r.complete(Cqe::Data(n, None));
                 }
                 if signaled && !self.sides[from].freed {
-                    self.sides[from].complete(Cqe::SendDone(wr));
+                    self.sides[from].d.nic.complete(Cqe::SendDone(wr));
                 }
             }
             Wire::Send { wr, bytes } => {
                 if !self.sides[to].freed {
-                    self.sides[to].complete(Cqe::Control(bytes.to_vec(), None));
+                    self.sides[to].d.nic.complete(Cqe::Control(bytes.to_vec(), None));
                 }
                 if !self.sides[from].freed {
-                    self.sides[from].complete(Cqe::SendDone(wr));
+                    self.sides[from].d.nic.complete(Cqe::SendDone(wr));
                 }
             }
             Wire::Forged(f) => {
@@ -1101,7 +1131,7 @@ impl Sim {
                 };
                 if !self.sides[to].freed {
                     self.log(|| format!("{} receives forged {f:?}", NAME[to]));
-                    self.sides[to].complete(c);
+                    self.sides[to].d.nic.complete(c);
                 }
             }
         }
@@ -1109,34 +1139,35 @@ impl Sim {
 
     // ----- the application ---------------------------------------------------------
 
-    /// `readQueryFromClient` (main thread, `in_handler`) or an IO thread's read.
+    /// `readQueryFromClient` (main thread, `in_handler`) or an IO thread's read, through
+    /// the driver's read (copy out, RX swap, hand-back).
     fn app_read(&mut self, s: usize, in_handler: bool) {
         if self.sides[s].close_asap {
             return; // a client about to be freed is not read any more
         }
         let max = self.rng.range(1, self.sides[s].max_read as u64) as usize;
-        self.prepare_rx(s);
-        let r = self.sides[s].core.read(max);
+        let mut buf = vec![0u8; max];
+        let live = self.is_live(s);
+        let (r, failed) = self.sides[s].d.read(&mut buf);
+        self.after_post(s, live, failed.as_ref());
         match r {
-            Ok(range) => {
+            Ok(n) => {
                 let side = &self.sides[s];
-                let got = &side.rx_buf[range.clone()];
+                let got = &buf[..n];
                 let mut same = true;
-                stream_chunks(1 - s, side.received, got.len(), |at, want| {
+                stream_chunks(1 - s, side.received, n, |at, want| {
                     same &= got[at..at + want.len()] == *want;
                 });
                 if !same {
                     fail!(
                         self,
-                        "{}: bytes {}..{} of the stream are wrong (RX range {range:?})",
+                        "{}: bytes {}..{} of the stream are wrong",
                         NAME[s],
                         side.received,
-                        side.received + got.len() as u64
+                        side.received + n as u64
                     );
                 }
-                self.sides[s].received += got.len() as u64;
-                self.grow_rx(s);
-                self.flush_control(s);
+                self.sides[s].received += n as u64;
                 if in_handler && self.rng.one_in(3) {
                     // a command, answered with a reply
                     let side = &self.sides[s];
@@ -1151,13 +1182,13 @@ impl Sim {
             Err(ReadError::WouldBlock) => {}
             Err(ReadError::Eof) => {
                 let side = &mut self.sides[s];
-                if side.received != side.landed {
+                if side.received != side.d.nic.landed {
                     fail!(
                         self,
                         "{}: EOF after reading {} of the {} bytes that arrived before the disconnect",
                         NAME[s],
                         side.received,
-                        side.landed
+                        side.d.nic.landed
                     );
                 }
                 side.got_eof = true;
@@ -1183,8 +1214,9 @@ impl Sim {
         }
     }
 
-    /// `writeToClient`: pieces of random size, at most `write_cap` bytes per call; the
-    /// handler is removed when everything is written.
+    /// `writeToClient`: pieces of random size, at most `write_cap` bytes per call, each
+    /// through the driver's write (in up to three parts, as `writev`); the handler is
+    /// removed when everything is written.
     fn app_write(&mut self, s: usize, in_handler: bool) {
         let mut this_call = 0usize;
         loop {
@@ -1195,7 +1227,7 @@ impl Sim {
             let left = side.produced - side.sent;
             if left == 0 {
                 self.sides[s].pending_writes = false;
-                if self.sides[s].core.has_write_handler() && (in_handler || self.sides[s].io_owned.is_none()) {
+                if self.sides[s].d.core.has_write_handler() && (in_handler || self.sides[s].io_owned.is_none()) {
                     self.set_write_handler(s, false, false);
                 }
                 return;
@@ -1205,13 +1237,16 @@ impl Sim {
             }
             let want = (left as usize).min(side.write_cap - this_call);
             let want = self.rng.range(1, want as u64) as usize;
-            let room = side.sq_room();
-            match self.sides[s].core.write(want, room) {
+            let mut bytes = vec![0u8; want];
+            stream_chunks(s, side.sent, want, |o, src| bytes[o..o + src.len()].copy_from_slice(src));
+            let a = self.rng.range(0, want as u64) as usize;
+            let b = self.rng.range(a as u64, want as u64) as usize;
+            let live = self.is_live(s);
+            let (r, failed) = self.sides[s].d.write(&[&bytes[..a], &bytes[a..b], &bytes[b..]]);
+            self.after_post(s, live, failed.as_ref());
+            match r {
                 Ok(g) => {
-                    if !self.post_write(s, g) {
-                        self.app_error(s, in_handler);
-                        return;
-                    }
+                    self.sides[s].sent += u64::from(g.len);
                     this_call += g.len as usize;
                 }
                 Err(WriteError::WouldBlock(why)) => {
@@ -1231,38 +1266,11 @@ impl Sim {
         }
         // not everything written: the write handler finishes it (installClientWriteHandler)
         let side = &self.sides[s];
-        if !in_handler && side.io_owned.is_none() && !side.core.has_write_handler() {
+        if !in_handler && side.io_owned.is_none() && !side.d.core.has_write_handler() {
             let barrier = self.rng.one_in(4);
             self.set_write_handler(s, true, barrier);
         }
         self.sides[s].pending_writes = false;
-    }
-
-    /// Copies the granted bytes into the TX buffer and posts the write. False when the
-    /// post failed (`write` returns -1).
-    fn post_write(&mut self, s: usize, g: WriteGrant) -> bool {
-        let side = &mut self.sides[s];
-        let (at, n) = (g.offset as usize, g.len as usize);
-        if side.tx_buf.len() < at + n {
-            fail!(self, "{}: write grant {g:?} beyond the {}-byte TX buffer", NAME[s], side.tx_buf.len());
-        }
-        let sent = side.sent;
-        let buf = &mut side.tx_buf[at..at + n];
-        stream_chunks(s, sent, n, |o, src| buf[o..o + src.len()].copy_from_slice(src));
-        side.sent += n as u64;
-        let Some((wr, signaled)) = self.post(s, false) else { return false };
-        if !self.sides[s].link_down {
-            let bytes = self.sides[s].tx_buf[at..at + n].to_vec();
-            self.wire[s].push_back(Wire::Write {
-                wr,
-                signaled,
-                offset: g.offset,
-                addr: g.remote_addr,
-                rkey: g.rkey,
-                bytes,
-            });
-        }
-        true
     }
 
     // ----- the event loop ----------------------------------------------------------
@@ -1284,10 +1292,10 @@ impl Sim {
             format!(
                 "{} iteration: {:?}, unread {:?}, due {due_at_start:?}, pending {}, postponed {:?}, close_asap {}",
                 NAME[s],
-                x.core.state(),
-                x.core.rx().readable(),
+                x.d.core.state(),
+                x.d.core.rx().readable(),
                 x.pending,
-                x.core.postponed(),
+                x.d.core.postponed(),
                 x.close_asap
             )
         });
@@ -1296,9 +1304,9 @@ impl Sim {
         for phase in 0..2 {
             if (phase == 0) == cm_first {
                 self.cm_events(s);
-            } else if self.sides[s].cq_notified && !self.sides[s].freed {
+            } else if self.sides[s].d.nic.cq_notified && !self.sides[s].freed {
                 // the completion channel fd: a budget of completions, then the handlers
-                let budget = self.sides[s].cq_budget;
+                let budget = self.sides[s].d.nic.cq_budget;
                 self.drain_cq(s, budget);
                 self.run_handlers(s);
             }
@@ -1310,8 +1318,8 @@ impl Sim {
         if self.sides[s].pending && !self.sides[s].freed {
             // `run_pending`: the completions the last poll left, then the handlers
             self.sides[s].pending = false;
-            if self.sides[s].core.completions_left() {
-                let budget = self.sides[s].cq_budget;
+            if self.sides[s].d.core.completions_left() {
+                let budget = self.sides[s].d.nic.cq_budget;
                 self.drain_cq(s, budget);
             }
             self.run_handlers(s);
@@ -1337,10 +1345,10 @@ impl Sim {
                     "{}: {h:?} handler installed and due for a whole loop iteration but not run \
                      (state {:?}, unread {:?}, window left {}, send queue room {}, pending {})",
                     NAME[s],
-                    side.core.state(),
-                    side.core.rx().readable(),
-                    side.core.tx().available(),
-                    side.sq_room(),
+                    side.d.core.state(),
+                    side.d.core.rx().readable(),
+                    side.d.core.tx().available(),
+                    side.d.nic.sq_room(),
                     side.pending
                 );
             }
@@ -1355,16 +1363,20 @@ impl Sim {
             }
             self.log(|| format!("{} CM {e:?}", NAME[s]));
             match e {
-                Cm::Established => self.sides[s].core.on_established(),
+                Cm::Established => {
+                    let live = self.is_live(s);
+                    let failed = self.sides[s].d.on_established();
+                    self.after_post(s, live, failed.as_ref());
+                }
                 Cm::Disconnected => {
                     let side = &mut self.sides[s];
-                    side.core.on_disconnected();
-                    let deferred: Vec<Cqe> = side.deferred.drain(..).collect();
-                    side.cq.extend(deferred);
+                    side.d.core.on_disconnected();
+                    let deferred: Vec<Cqe> = side.d.nic.deferred.drain(..).collect();
+                    side.d.nic.cq.extend(deferred);
                     // the last look: everything the peer sent before leaving
                     self.drain_cq(s, usize::MAX);
                     let side = &self.sides[s];
-                    if *side.core.state() == State::PeerClosed && side.core.rx().has_unread() {
+                    if *side.d.core.state() == State::PeerClosed && side.d.core.rx().has_unread() {
                         stat(|x| &x.disconnects_with_unread);
                     }
                 }
@@ -1377,13 +1389,13 @@ impl Sim {
     // ----- the end -----------------------------------------------------------------
 
     fn quiet(&self) -> bool {
-        if self.wire.iter().any(|w| !w.is_empty()) {
+        if self.sides.iter().any(|x| !x.d.nic.out.is_empty()) {
             return false;
         }
         (0..2).all(|s| {
             let side = &self.sides[s];
             side.freed
-                || (side.cq.is_empty()
+                || (side.d.nic.cq.is_empty()
                     && side.cm.is_empty()
                     && !side.pending
                     && side.sent == side.produced
@@ -1419,17 +1431,17 @@ impl Sim {
                 "{}: state {:?}, freed {}, produced {}, sent {}, received {}, unread {:?}, window left {}, \
                  handlers r{} w{}, pending {}, cq {}",
                 NAME[s],
-                x.core.state(),
+                x.d.core.state(),
                 x.freed,
                 x.produced,
                 x.sent,
                 x.received,
-                x.core.rx().readable(),
-                x.core.tx().available(),
-                x.core.has_read_handler(),
-                x.core.has_write_handler(),
+                x.d.core.rx().readable(),
+                x.d.core.tx().available(),
+                x.d.core.has_read_handler(),
+                x.d.core.has_write_handler(),
                 x.pending,
-                x.cq.len()
+                x.d.nic.cq.len()
             )
         };
         fail!(self, "no progress: {}; {}", d(SERVER), d(CLIENT));
@@ -1452,7 +1464,7 @@ impl Sim {
             // no disconnect, no failure: everything arrived, once, in order
             for s in [SERVER, CLIENT] {
                 let (me, peer) = (&self.sides[s], &self.sides[1 - s]);
-                if peer.received != me.produced || !matches!(me.core.state(), State::Established) {
+                if peer.received != me.produced || !matches!(me.d.core.state(), State::Established) {
                     fail!(self, "{}: {} bytes produced, {} read by the peer", NAME[s], me.produced, peer.received);
                 }
             }
@@ -1467,9 +1479,52 @@ impl Sim {
     }
 }
 
+/// The simulator's side of [`driver::run`]: the side's driver, and the simulated
+/// application as the server's handlers.
+struct SimHost<'a> {
+    sim: &'a mut Sim,
+    s: usize,
+}
+
+impl driver::Host for SimHost<'_> {
+    type Nic = SimNic;
+    fn with_driver<R>(&mut self, f: impl FnOnce(&mut Driver<SimNic>) -> R) -> R {
+        f(&mut self.sim.sides[self.s].d)
+    }
+    fn call(&mut self, h: Handler) {
+        let (sim, s) = (&mut *self.sim, self.s);
+        if sim.sides[s].app_closed {
+            fail!(sim, "{}: {h:?} handler called after close", NAME[s]);
+        }
+        let installed = match h {
+            Handler::Read => sim.sides[s].d.core.has_read_handler(),
+            Handler::Write => sim.sides[s].d.core.has_write_handler(),
+        };
+        if !installed {
+            fail!(sim, "{}: {h:?} handler called while not installed", NAME[s]);
+        }
+        sim.sides[s].called[h as usize] = true;
+        sim.log(|| format!("{} calls its {h:?} handler", NAME[s]));
+        match h {
+            Handler::Read => sim.app_read(s, true),
+            Handler::Write => sim.app_write(s, true),
+        }
+    }
+}
+
 /// Runs one seed; `Err(message)` with the failure.
 fn run_seed(seed: u64) -> Result<(), String> {
-    std::panic::catch_unwind(|| Sim::new(seed).run()).map_err(|p| {
+    run_seed_with(seed, Mutant::None)
+}
+
+/// Runs one seed with both sides' drivers making the mistake `mutant`.
+fn run_seed_with(seed: u64, mutant: Mutant) -> Result<(), String> {
+    std::panic::catch_unwind(|| {
+        let mut sim = Sim::new(seed);
+        sim.sides.iter_mut().for_each(|x| x.d.mutant = mutant);
+        sim.run()
+    })
+    .map_err(|p| {
         p.downcast_ref::<String>()
             .cloned()
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -1550,8 +1605,22 @@ fn replaying_a_seed_is_deterministic() {
     // The same seed makes the same choices: the PRNG is the only source of randomness.
     let trace = |seed| {
         let mut sim = Sim::new(seed);
-        (0..64).map(|_| sim.rng.next()).chain([sim.sides[0].rx.len as u64, sim.fate_step]).collect::<Vec<_>>()
+        (0..64).map(|_| sim.rng.next()).chain([sim.sides[0].d.nic.rx.len as u64, sim.fate_step]).collect::<Vec<_>>()
     };
     assert_eq!(trace(42), trace(42));
     assert_ne!(trace(42), trace(43));
+}
+
+/// The simulator checks the production driver's order, not an order of its own: each
+/// mistake below, made in `Driver::read`, fails a seed (which replays).
+#[test]
+fn a_misordered_driver_fails_a_seed() {
+    for mutant in [Mutant::FlushBeforeCopy, Mutant::SwapBeforeCopy] {
+        let failed = (0..DEFAULT_SEEDS).find_map(|seed| run_seed_with(seed, mutant).err().map(|msg| (seed, msg)));
+        let Some((seed, msg)) = failed else { panic!("{mutant:?}: no seed of {DEFAULT_SEEDS} caught it") };
+        println!("{mutant:?}: seed {seed} fails: {msg}");
+        assert!(msg.contains("of the stream are wrong"), "{mutant:?}: seed {seed} failed otherwise: {msg}");
+        assert_eq!(run_seed_with(seed, mutant).err(), Some(msg), "the failure replays");
+        assert_eq!(run_seed(seed), Ok(()), "seed {seed} passes with the driver as it ships");
+    }
 }

@@ -7,15 +7,19 @@
 //! else runs on the main thread. Server handlers are never called with the lock held.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
 use super::stats::{self, STATS};
 use super::worker::{self, Slot};
 use super::{live, log_limited, pending, HostedConn};
-use crate::protocol::conn::{AfterHandler, Conn, Failure, Handler, Postpone, Received, ServerState, Step};
+use crate::protocol::conn::{
+    AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, WriteGrant,
+};
+use crate::protocol::driver::{self, Driver, LocalError, Nic, RunEnd, TxRefused};
 use crate::protocol::session::Role;
-use crate::protocol::{ControlMessage, Violation};
+use crate::protocol::ControlMessage;
 use crate::server::api::FdWatch;
 use crate::server::{ConnState, ServerHandler};
 use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
@@ -39,41 +43,95 @@ pub(crate) struct RdmaConnection {
 }
 
 struct Inner {
-    /// `None` once torn down (the core said the connection is freed).
-    ep: Option<Endpoint>,
-    core: Conn,
+    /// The protocol core and the endpoint, driven by `protocol::driver`.
+    d: Driver<ServerNic>,
     /// Reused for each poll of the completion queue (no allocation per event).
     completions: Vec<Completion>,
-    /// A larger RX buffer being registered off the event loop, and the one registered
-    /// and waiting for the next hand-back (docs/protocol.md §4.3).
-    rx_preparing: Option<Slot<Result<PreparedRx, VerbsError>>>,
-    rx_prepared: Option<PreparedRx>,
     /// Its place among the connections in the handshake, until ESTABLISHED or teardown.
     handshake: Option<super::handshakes::Slot>,
     /// The server's watch on the completion channel of a connection with a CQ of its own.
     watch: Option<FdWatch>,
 }
 
-impl Inner {
-    /// Whether the send queue has room for a data write (docs/protocol.md §4.5).
+/// The server's NIC side: the endpoint (until torn down), and larger RX buffers
+/// registered on the `rdma-prepare` thread (docs/protocol.md §4.3).
+struct ServerNic {
+    /// `None` once torn down (the core said the connection is freed).
+    ep: Option<Endpoint>,
+    /// A larger RX buffer being registered off the event loop, and the one registered
+    /// and waiting for the next hand-back.
+    rx_preparing: Option<Slot<Result<PreparedRx, VerbsError>>>,
+    rx_prepared: Option<PreparedRx>,
+    peer: Option<SocketAddr>,
+}
+
+/// What a call on a torn-down endpoint reports (never reached: the transport does not
+/// drive a connection after teardown).
+const TORN_DOWN: LocalError = LocalError { call: "ibv_post_send", errno: libc::ENOTCONN };
+
+impl Nic for ServerNic {
+    fn is_up(&self) -> bool {
+        self.ep.is_some()
+    }
+    fn post_control(&mut self, msg: &ControlMessage) -> Result<(), LocalError> {
+        self.ep.as_mut().ok_or(TORN_DOWN)?.post_control(msg)?;
+        match msg {
+            ControlMessage::RegisterXferMemory { .. } => stats::add(&STATS.rx_registrations_sent, 1),
+            ControlMessage::Keepalive => stats::add(&STATS.keepalives_sent, 1),
+            _ => {}
+        }
+        Ok(())
+    }
     fn sq_room(&self) -> bool {
         self.ep.as_ref().is_some_and(|e| e.can_write())
     }
-
-    /// Posts the control messages the core queued. A failed post fails the connection.
-    fn flush_control(&mut self) -> Option<Failure> {
-        let ep = self.ep.as_mut()?;
-        while let Some(msg) = self.core.poll_control() {
-            if let Err(e) = ep.post_control(&msg) {
-                return self.core.on_local_error(e.op.name(), e.errno).err();
-            }
-            match msg {
-                ControlMessage::RegisterXferMemory { .. } => stats::add(&STATS.rx_registrations_sent, 1),
-                ControlMessage::Keepalive => stats::add(&STATS.keepalives_sent, 1),
-                _ => {}
-            }
+    fn copy_rx(&mut self, range: Range<usize>, out: &mut [u8]) {
+        if let Some(ep) = self.ep.as_mut() {
+            ep.copy_rx(range, out)
         }
-        None
+    }
+    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused> {
+        stats::add(&STATS.rx_registrations_received, 1);
+        match self.ep.as_mut() {
+            Some(ep) => Nic::peer_rx_registered(ep, len, resized),
+            None => Ok(()),
+        }
+    }
+    fn write_limit(&self, tx_offset: u32) -> usize {
+        self.ep.as_ref().map_or(0, |ep| Nic::write_limit(ep, tx_offset))
+    }
+    fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
+        Nic::post_write(self.ep.as_mut().ok_or(TORN_DOWN)?, grant, parts)?;
+        stats::add(&STATS.bytes_out, grant.len.into());
+        stats::add(&STATS.writes_out, 1);
+        Ok(())
+    }
+    fn rx_prepared(&mut self) -> Option<Option<RxBuffer>> {
+        let done = self.rx_preparing.as_ref()?.take()?;
+        self.rx_preparing = None;
+        Some(match done {
+            Ok(prepared) => {
+                let region = prepared.region();
+                self.rx_prepared = Some(prepared);
+                Some(region)
+            }
+            Err(e) => {
+                let peer = self.peer.map_or_else(|| "?".into(), |a| a.to_string());
+                log::debug!("RDMA client {peer}: RX buffer not grown: {e}");
+                None
+            }
+        })
+    }
+    fn prepare_rx(&mut self, len: u32) -> bool {
+        let Some(job) = self.ep.as_ref().and_then(|ep| ep.rx_preparation(len)) else { return false };
+        self.rx_preparing = Some(Slot::spawn(&worker::PREPARE, move || job.run()));
+        true
+    }
+    fn install_prepared_rx(&mut self) {
+        if let (Some(ep), Some(new)) = (self.ep.as_mut(), self.rx_prepared.take()) {
+            ep.install_rx(new);
+            stats::add(&STATS.rx_grown, 1);
+        }
     }
 }
 
@@ -96,11 +154,8 @@ impl RdmaConnection {
             shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
             own_channel_fd: shared_cq.is_none().then(|| ep.comp_fd()),
             state: Mutex::new(Inner {
-                ep: Some(ep),
-                core,
+                d: Driver::new(core, ServerNic { ep: Some(ep), rx_preparing: None, rx_prepared: None, peer }),
                 completions: Vec::with_capacity(COMPLETIONS_PER_OWN_POLL),
-                rx_preparing: None,
-                rx_prepared: None,
                 handshake,
                 watch: None,
             }),
@@ -116,12 +171,12 @@ impl RdmaConnection {
     }
 
     pub(crate) fn comp_vector(&self) -> i32 {
-        self.lock().ep.as_ref().map_or(-1, |e| e.comp_vector())
+        self.lock().d.nic.ep.as_ref().map_or(-1, |e| e.comp_vector())
     }
 
     /// `shutdown`: disconnects the peer; the DISCONNECTED event ends the connection.
     pub(crate) fn disconnect(&self) {
-        if let Some(ep) = self.lock().ep.as_ref() {
+        if let Some(ep) = self.lock().d.nic.ep.as_ref() {
             ep.disconnect();
         }
     }
@@ -130,13 +185,14 @@ impl RdmaConnection {
 /// Publishes the core's state to the server's `conn->state` (and `last_errno`), and
 /// logs a failure the input just caused (once per connection, rate-limited).
 fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
-    let state = match inner.core.server_state() {
+    let core = &inner.d.core;
+    let state = match core.server_state() {
         ServerState::Accepting => ConnState::Accepting,
         ServerState::Connected => ConnState::Connected,
         ServerState::Closed => ConnState::Closed,
         ServerState::Error => ConnState::Error,
     };
-    c.publish(state, inner.core.failure().map_or(0, Failure::errno));
+    c.publish(state, core.failure().map_or(0, Failure::errno));
     if let Some(f) = failed {
         match &f {
             Failure::Protocol(v) => stats::violation(v),
@@ -165,44 +221,14 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
 pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let mut g = c.inner.lock();
     let inner = &mut *g;
-    // A larger RX buffer registered in the background is offered at the next hand-back
-    // (adaptive RX window, docs/protocol.md §4.3).
-    if let Some(done) = inner.rx_preparing.as_ref().and_then(|slot| slot.take()) {
-        inner.rx_preparing = None;
-        match done {
-            Ok(prepared) => {
-                inner.core.rx_growth_ready(Some(prepared.region()));
-                inner.rx_prepared = Some(prepared);
-            }
-            Err(e) => {
-                log::debug!("RDMA client {}: RX buffer not grown: {e}", c.inner.peer_name());
-                inner.core.rx_growth_ready(None);
-            }
-        }
+    if !inner.d.nic.is_up() {
+        return None;
     }
-    let ep = inner.ep.as_mut()?;
-    let range = inner.core.read(buf.len()).ok()?;
-    ep.copy_rx(range.clone(), buf);
-    // The hand-back this read queued names the prepared buffer: it becomes the RX
-    // buffer now that the bytes are copied out, before the message goes.
-    if inner.core.take_rx_swap() {
-        if let Some(new) = inner.rx_prepared.take() {
-            ep.install_rx(new);
-            stats::add(&STATS.rx_grown, 1);
-        }
-    }
-    if let Some(len) = inner.core.take_rx_growth_wanted() {
-        match ep.rx_preparation(len) {
-            Some(job) => inner.rx_preparing = Some(Slot::spawn(&worker::PREPARE, move || job.run())),
-            None => inner.core.rx_growth_ready(None),
-        }
-    }
-    // Only now may a RegisterXferMemory the read queued go out: the client writes over
-    // these bytes once it has it (docs/protocol.md §4.3).
-    let failed = inner.flush_control();
+    let (n, failed) = inner.d.read(buf);
+    let n = n.ok()?;
     publish(c, inner, failed);
-    stats::add(&STATS.bytes_in, range.len() as u64);
-    Some(range.len())
+    stats::add(&STATS.bytes_in, n as u64);
+    Some(n)
 }
 
 /// `write`/`writev`: as much of `parts` as the peer's window takes, as one write for
@@ -215,27 +241,14 @@ pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     let inner = &mut *g;
     // As many TX chunks as the free send-queue entries take (two per work request); the
     // server writes the rest in its next call, as after a short write on a socket.
-    let limit = inner.ep.as_ref().map_or(0, |ep| ep.tx_write_limit(inner.core.tx_offset()));
-    let total = parts.iter().map(|p| p.len()).sum::<usize>().min(limit as usize);
-    let sq_room = inner.sq_room();
-    match inner.core.write(total, sq_room) {
-        Ok(grant) => {
-            let ep = inner.ep.as_mut()?;
-            match ep.post_write(grant.offset, parts, grant.len, grant.remote_addr, grant.rkey) {
-                Ok(()) => {
-                    stats::add(&STATS.bytes_out, grant.len.into());
-                    stats::add(&STATS.writes_out, 1);
-                    Some(grant.len as usize)
-                }
-                Err(e) => {
-                    let failed = inner.core.on_local_error(e.op.name(), e.errno).err();
-                    publish(c, inner, failed);
-                    None
-                }
-            }
+    match inner.d.write(parts) {
+        (Ok(grant), _) => Some(grant.len as usize),
+        (Err(WriteError::WouldBlock(_)), _) => Some(0),
+        (Err(_), Some(failed)) => {
+            publish(c, inner, Some(failed));
+            None
         }
-        Err(WriteError::WouldBlock(_)) => Some(0),
-        Err(_) => None,
+        (Err(_), None) => None,
     }
 }
 
@@ -274,71 +287,29 @@ pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
 }
 
 /// Under the lock: `take` fills the (cleared) completion list from the endpoint, then
-/// [`feed_core`] hands it over. Nothing is done once the endpoint is torn down.
+/// the driver feeds them to the core and posts what they queued; the state is
+/// published with the first failure. Nothing is done once the endpoint is torn down.
 fn with_completions(
     c: &HostedConn,
     take: impl FnOnce(&mut Endpoint, &mut Vec<Completion>, &mut Conn) -> Option<Failure>,
 ) {
     let mut g = c.inner.lock();
     let inner = &mut *g;
-    let Some(ep) = inner.ep.as_mut() else { return };
+    let Some(ep) = inner.d.nic.ep.as_mut() else { return };
     inner.completions.clear();
-    let failed = take(ep, &mut inner.completions, &mut inner.core);
-    feed_core(c, inner, failed);
-}
-
-/// Hands `inner.completions` to the core, posts the control messages it queued, and
-/// publishes the state (with the first failure, if any).
-fn feed_core(c: &HostedConn, inner: &mut Inner, mut failed: Option<Failure>) {
-    for &completion in inner.completions.iter() {
-        let r = match completion {
-            // A SEND shorter than 32 bytes decodes as BadControlLength; a longer one
-            // cannot land in a 32-byte slot (it completes as a length error).
-            Completion::Control { bytes, len } => {
-                match inner.core.on_control(&bytes[..(len as usize).min(bytes.len())]) {
-                    // docs/protocol.md §2: the TX buffer follows the peer's RX buffer; it
-                    // is made on the next write. Writes from an old one may still be in
-                    // flight: the endpoint keeps it registered until the send queue has
-                    // passed them.
-                    Ok(Received::PeerRxRegistered { len, .. }) => {
-                        stats::add(&STATS.rx_registrations_received, 1);
-                        match inner.ep.as_mut().map(|ep| ep.set_tx_len(len)) {
-                            Some(Err(held)) => {
-                                Err(inner.core.on_violation(Violation::WindowsInFlight { held: held as u32 }))
-                            }
-                            _ => Ok(()),
-                        }
-                    }
-                    Ok(Received::Keepalive) => {
-                        stats::add(&STATS.keepalives_received, 1);
-                        Ok(())
-                    }
-                    // (a peer may send these as fast as it likes: rate-limited like a violation)
-                    Ok(Received::UnsupportedFeatures(f)) => {
-                        super::log_limited_at(
-                            log::Level::Debug,
-                            format_args!(
-                                "RDMA client {}: SetClientFeature {f:#x} is not supported; ignored",
-                                c.inner.peer_name()
-                            ),
-                        );
-                        Ok(())
-                    }
-                    Ok(_) => Ok(()),
-                    Err(f) => Err(f),
-                }
-            }
-            Completion::Data { imm } => {
-                stats::add(&STATS.writes_in, 1);
-                inner.core.on_data(imm)
-            }
-            Completion::Failed { status, vendor_err } => inner.core.on_work_request_failed(status, vendor_err),
-        };
-        if let Err(f) = r {
-            failed.get_or_insert(f);
-        }
-    }
-    if let Some(f) = inner.flush_control() {
+    let mut failed = take(ep, &mut inner.completions, &mut inner.d.core);
+    let writes_in = inner.completions.iter().filter(|c| matches!(c, Completion::Data { .. })).count();
+    stats::add(&STATS.writes_in, writes_in as u64);
+    let fed = inner.d.feed(&inner.completions, |r| match r {
+        Received::Keepalive => stats::add(&STATS.keepalives_received, 1),
+        // (a peer may send these as fast as it likes: rate-limited like a violation)
+        Received::UnsupportedFeatures(f) => super::log_limited_at(
+            log::Level::Debug,
+            format_args!("RDMA client {}: SetClientFeature {f:#x} is not supported; ignored", c.inner.peer_name()),
+        ),
+        _ => {}
+    });
+    if let Some(f) = fed {
         failed.get_or_insert(f);
     }
     publish(c, inner, failed);
@@ -348,8 +319,7 @@ fn feed_core(c: &HostedConn, inner: &mut Inner, mut failed: Option<Failure>) {
 pub(crate) fn on_established(c: &HostedConn) {
     let mut g = c.inner.lock();
     g.handshake = None;
-    g.core.on_established();
-    let failed = g.flush_control();
+    let failed = g.d.on_established();
     publish(c, &g, failed);
 }
 
@@ -360,7 +330,7 @@ pub(crate) fn on_established(c: &HostedConn) {
 pub(crate) fn on_disconnected(c: &HostedConn) {
     {
         let mut g = c.inner.lock();
-        g.core.on_disconnected();
+        g.d.core.on_disconnected();
         publish(c, &g, None);
     }
     if let Some((cq, _)) = c.inner.shared_cq {
@@ -368,7 +338,7 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
     }
     loop {
         process_completions(c);
-        if !c.inner.lock().core.completions_left() {
+        if !c.inner.lock().d.core.completions_left() {
             break;
         }
     }
@@ -380,7 +350,7 @@ pub(crate) fn keepalive(c: &HostedConn) {
     // First the endpoint's side: sends unanswered, the peer shown alive, and the TX buffer
     // of a connection that wrote nothing since given back.
     let (mut silent_ticks, mut acknowledged) = (0, false);
-    if let Some(ep) = g.ep.as_mut() {
+    if let Some(ep) = g.d.nic.ep.as_mut() {
         let t = ep.keepalive_tick();
         if let Some(idle) = t.released_tx {
             stats::add(&STATS.tx_buffers_released, u64::from(idle.registered_bytes() > 0));
@@ -390,21 +360,14 @@ pub(crate) fn keepalive(c: &HostedConn) {
         }
         (silent_ticks, acknowledged) = (t.unacknowledged_ticks, t.busy_and_acknowledged);
     }
-    let failed = match g.core.keepalive_tick(silent_ticks, acknowledged) {
-        Err(f) => Some(f),
-        Ok(()) => g.flush_control(),
-    };
+    let failed = g.d.keepalive(silent_ticks, acknowledged);
     publish(c, &g, failed);
 }
 
 /// Queues the connection for `process_pending_data` if something is due without an fd
 /// event (the core's `wants_pending`).
 pub(crate) fn queue_if_due(c: &Arc<HostedConn>) {
-    let due = {
-        let g = c.inner.lock();
-        let sq_room = g.sq_room();
-        g.core.wants_pending(sq_room)
-    };
+    let due = c.inner.lock().d.wants_pending();
     if due {
         pending::push(c);
     }
@@ -413,8 +376,8 @@ pub(crate) fn queue_if_due(c: &Arc<HostedConn>) {
 pub(crate) fn set_handlers(c: &Arc<HostedConn>, read: bool, write: bool, barrier: bool) {
     {
         let mut g = c.inner.lock();
-        g.core.set_read_handler(read);
-        g.core.set_write_handler(write, barrier);
+        g.d.core.set_read_handler(read);
+        g.d.core.set_write_handler(write, barrier);
     }
     // RDMA has no POLLOUT: if the window is open the handler runs from
     // process_pending_data; if not, the completion that reopens it runs it.
@@ -422,43 +385,41 @@ pub(crate) fn set_handlers(c: &Arc<HostedConn>, read: bool, write: bool, barrier
 }
 
 pub(crate) fn postpone(c: &HostedConn, mask: Postpone) {
-    c.inner.lock().core.postpone(mask);
+    c.inner.lock().d.core.postpone(mask);
 }
 
-/// One run of the server's handlers, as the core schedules it (docs/server-abi.md
-/// §4.1, §4.3): the completion fd fired, or the pending list came round.
-pub(crate) fn run(c: &Arc<HostedConn>) {
-    c.inner.lock().core.begin_run();
-    loop {
-        let step = {
-            let mut g = c.inner.lock();
-            let sq_room = g.sq_room();
-            g.core.next_step(sq_room)
-        };
-        match step {
-            Step::Call(h) => {
-                c.call(match h {
-                    Handler::Read => ServerHandler::Read,
-                    Handler::Write => ServerHandler::Write,
-                });
-                if !after_handler(c) {
-                    return;
-                }
-            }
-            Step::Done { pending } => {
-                if pending {
-                    pending::push(c);
-                }
-                return;
-            }
-        }
+/// The server's side of [`driver::run`]: the driver under the connection's lock, the
+/// handlers called without it.
+struct ServerHost<'a>(&'a HostedConn);
+
+impl driver::Host for ServerHost<'_> {
+    type Nic = ServerNic;
+    fn with_driver<R>(&mut self, f: impl FnOnce(&mut Driver<ServerNic>) -> R) -> R {
+        f(&mut self.0.inner.lock().d)
+    }
+    fn call(&mut self, h: Handler) {
+        self.0.call(match h {
+            Handler::Read => ServerHandler::Read,
+            Handler::Write => ServerHandler::Write,
+        })
     }
 }
 
-/// After a server handler returned: false when the connection was closed inside (it
+/// One run of the server's handlers (docs/server-abi.md §4.1, §4.3): the completion fd
+/// fired, or the pending list came round.
+pub(crate) fn run(c: &Arc<HostedConn>) {
+    match driver::run(&mut ServerHost(c)) {
+        RunEnd::Done { pending: true } => pending::push(c),
+        RunEnd::Done { pending: false } | RunEnd::ClosedInside => {}
+        // (nothing may touch it after)
+        RunEnd::FreeNow => teardown(c),
+    }
+}
+
+/// After the accept handler returned: false when the connection was closed inside (it
 /// is torn down now if no other handler is running; nothing may touch it after).
 fn after_handler(c: &HostedConn) -> bool {
-    let after = c.inner.lock().core.handler_returned();
+    let after = c.inner.lock().d.core.handler_returned();
     match after {
         AfterHandler::Continue => true,
         AfterHandler::FreeNow => {
@@ -471,7 +432,7 @@ fn after_handler(c: &HostedConn) -> bool {
 
 /// A turn on the pending list: completions a budgeted poll left, then the handlers.
 pub(crate) fn run_pending(c: &Arc<HostedConn>) {
-    let left = c.inner.lock().core.completions_left();
+    let left = c.inner.lock().d.core.completions_left();
     if left {
         process_completions(c);
     }
@@ -490,10 +451,10 @@ pub(crate) fn on_completion_fd(c: &Arc<HostedConn>) {
 pub(crate) fn accept(c: &Arc<HostedConn>) -> bool {
     {
         let mut g = c.inner.lock();
-        if g.core.on_accepted().is_err() {
+        if g.d.core.on_accepted().is_err() {
             return false;
         }
-        g.core.enter_handler();
+        g.d.core.enter_handler();
         publish(c, &g, None);
     }
     c.call(ServerHandler::Accept);
@@ -507,7 +468,7 @@ pub(crate) fn accept(c: &Arc<HostedConn>) -> bool {
 /// `ct->close`: forget the connection; release its verbs resources now, or when the
 /// handler running on it returns (docs/server-abi.md §4.4).
 pub(crate) fn close(c: &Arc<HostedConn>) {
-    let out = c.inner.lock().core.close();
+    let out = c.inner.lock().d.core.close();
     if out.unregister {
         live::remove(c);
         pending::remove(c);
@@ -530,7 +491,7 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
 /// The server closed the connection without accepting it (it refused the client).
 pub(crate) fn closed_unaccepted(c: &HostedConn) -> bool {
     let g = c.inner.lock();
-    *g.core.state() == crate::protocol::conn::State::Closed && !g.core.was_accepted()
+    *g.d.core.state() == crate::protocol::conn::State::Closed && !g.d.core.was_accepted()
 }
 
 /// Releases the verbs resources and disconnects the peer, on the background thread
@@ -546,7 +507,7 @@ pub(crate) fn teardown(c: &HostedConn) {
     let (ep, prepared, preparing) = {
         let mut g = c.inner.lock();
         g.handshake = None;
-        (g.ep.take(), g.rx_prepared.take(), g.rx_preparing.take())
+        (g.d.nic.ep.take(), g.d.nic.rx_prepared.take(), g.d.nic.rx_preparing.take())
     };
     let Some(mut ep) = ep else { return };
     // The id lives on until the release runs, and a CM event for it (a late
@@ -574,8 +535,12 @@ pub(crate) fn teardown(c: &HostedConn) {
 /// For INFO: (pinned bytes, the peer's RX window, our RX window) of a live connection.
 pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
     let g = c.inner.lock();
-    let prepared = g.rx_prepared.as_ref().map_or(0, |p| p.pinned_bytes());
-    (g.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared), g.core.tx().len().into(), g.core.rx().len().into())
+    let prepared = g.d.nic.rx_prepared.as_ref().map_or(0, |p| p.pinned_bytes());
+    (
+        g.d.nic.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared),
+        g.d.core.tx().len().into(),
+        g.d.core.rx().len().into(),
+    )
 }
 
 /// Keeps the server's watch on the connection's own completion channel, for `close`.
@@ -585,7 +550,7 @@ pub(crate) fn set_watch(c: &HostedConn, watch: FdWatch) {
 
 /// Points the rdma_cm id's context at the connection, so that its CM events find it.
 pub(crate) fn set_cm_context(c: &HostedConn) {
-    if let Some(ep) = c.inner.lock().ep.as_mut() {
+    if let Some(ep) = c.inner.lock().d.nic.ep.as_mut() {
         ep.set_cm_context(c.key());
     }
 }
@@ -595,7 +560,7 @@ pub(crate) fn accept_cm(c: &HostedConn, params: crate::verbs::ConnParams) -> Res
     if knobs::fire(Knob::FailAccept) {
         return Err(crate::verbs::VerbsError::with(crate::verbs::VerbsOp::Accept, libc::EIO));
     }
-    match c.inner.lock().ep.as_ref() {
+    match c.inner.lock().d.nic.ep.as_ref() {
         Some(ep) => ep.id().accept(params),
         None => Err(crate::verbs::VerbsError::with(crate::verbs::VerbsOp::Accept, libc::ENOTCONN)),
     }

@@ -98,16 +98,7 @@ pub struct EndpointConfig {
     pub tx_chunk: u32,
 }
 
-/// What one completion meant, after the endpoint did its own bookkeeping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
-    /// A SEND arrived: `len` bytes (anything but 32 is the peer's violation).
-    Control { bytes: [u8; CONTROL_MESSAGE_LEN], len: u32 },
-    /// An RDMA_WRITE_WITH_IMM landed in our RX buffer; `imm` is its byte count.
-    Data { imm: u32 },
-    /// A work request failed (flush after a disconnect, remote access error, …).
-    Failed { status: u32, vendor_err: u32 },
-}
+pub use crate::protocol::driver::Completion;
 
 pub struct Endpoint {
     id: ManuallyDrop<CmId>,

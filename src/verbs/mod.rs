@@ -12,6 +12,7 @@
 mod dynlib;
 mod endpoint;
 mod map_budget;
+mod nic;
 pub mod pinned;
 mod resources;
 mod shared_cq;
