@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{ClientError, Result, CONNECT_PARAMS};
-use crate::protocol::conn::{Conn, Received, WriteError};
+use crate::protocol::conn::{Conn, WriteError};
+use crate::protocol::driver::Driver;
 use crate::protocol::session::Role;
 use crate::verbs::{
     self, CmEvent, CmId, Completion, Endpoint, EndpointConfig, EventChannel, QueueDepths, SharedCq, WorkCompletion,
@@ -72,10 +73,8 @@ enum Phase {
     Failed,
 }
 
-struct Live {
-    ep: Endpoint,
-    core: Conn,
-}
+/// One connection's core and endpoint (`protocol::driver`).
+type Live = Driver<Endpoint>;
 
 struct Slot {
     /// The id until the endpoint takes it (at ROUTE_RESOLVED).
@@ -279,7 +278,7 @@ impl IdlePool {
         }
         s.phase = Phase::Failed;
         if let Some(l) = s.live.take() {
-            self.by_qp.remove(&l.ep.qp_num());
+            self.by_qp.remove(&l.nic.qp_num());
         }
         s.id = None;
         self.pending.remove(&i);
@@ -339,10 +338,12 @@ impl IdlePool {
             Phase::Connecting if e.is_established() => {
                 let s = &mut self.slots[i];
                 let l = s.live.as_mut().expect("an endpoint while connecting");
-                l.core.on_established(); // queues our RegisterXferMemory
                 s.phase = Phase::Registering;
-                self.flush_control(i);
-                self.touched.push(i);
+                // (posts our RegisterXferMemory)
+                match l.on_established() {
+                    None => self.touched.push(i),
+                    Some(f) => self.fail(i, &ClientError::from(f).to_string()),
+                }
             }
             Phase::Failed => {}
             _ if e.is_disconnect() => {
@@ -392,55 +393,21 @@ impl IdlePool {
         self.by_qp.insert(ep.qp_num(), i);
         let core = Conn::new(Role::Client, ep.rx_region());
         let s = &mut self.slots[i];
-        s.live = Some(Live { ep, core });
+        s.live = Some(Driver::new(core, ep));
         s.phase = Phase::Connecting;
     }
 
     fn on_completion(&mut self, i: usize, wc: &WorkCompletion) {
         let Some(l) = self.slots[i].live.as_mut() else { return };
         let mut got: Vec<Completion> = Vec::new();
-        let mut result = l.ep.on_completion(wc, |c| got.push(c)).map_err(ClientError::from);
-        for c in got {
-            if result.is_err() {
-                break;
-            }
-            result = match c {
-                Completion::Control { bytes, len } => {
-                    match l.core.on_control(&bytes[..(len as usize).min(bytes.len())]) {
-                        Ok(Received::PeerRxRegistered { len, resized: true }) => {
-                            // the TX buffer is made at the first write
-                            l.ep.set_tx_len(len).map_err(|held| {
-                                l.core
-                                    .on_violation(crate::protocol::Violation::WindowsInFlight { held: held as u32 })
-                                    .into()
-                            })
-                        }
-                        Ok(_) => Ok(()),
-                        Err(f) => Err(f.into()),
-                    }
-                }
-                Completion::Data { imm } => l.core.on_data(imm).map_err(ClientError::from),
-                Completion::Failed { status, vendor_err } => {
-                    l.core.on_work_request_failed(status, vendor_err).map_err(ClientError::from)
-                }
-            };
-        }
+        let result = match l.nic.on_completion(wc, |c| got.push(c)) {
+            Err(e) => Err(ClientError::from(e)),
+            // (the TX buffer is made at the first write)
+            Ok(()) => l.feed(&got, |_| {}).map_or(Ok(()), |f| Err(f.into())),
+        };
         match result {
-            Ok(()) => {
-                self.flush_control(i);
-                self.touched.push(i);
-            }
+            Ok(()) => self.touched.push(i),
             Err(e) => self.fail(i, &e.to_string()),
-        }
-    }
-
-    fn flush_control(&mut self, i: usize) {
-        let Some(l) = self.slots[i].live.as_mut() else { return };
-        while let Some(msg) = l.core.poll_control() {
-            if let Err(e) = l.ep.post_control(&msg) {
-                let _ = l.core.on_local_error(e.op.name(), e.errno);
-                return self.fail(i, &e.to_string());
-            }
         }
     }
 
@@ -479,13 +446,8 @@ impl IdlePool {
 
     fn send_ping(&mut self, i: usize) {
         let Some(l) = self.slots[i].live.as_mut() else { return };
-        let r = match l.core.write(PING.len(), l.ep.can_write()) {
-            Ok(g) if g.len as usize == PING.len() => {
-                l.ep.post_write(g.offset, &[PING], g.len, g.remote_addr, g.rkey).map_err(|e| {
-                    let _ = l.core.on_local_error(e.op.name(), e.errno);
-                    e.to_string()
-                })
-            }
+        let r = match l.write(&[PING]).0 {
+            Ok(g) if g.len as usize == PING.len() => Ok(()),
             Ok(g) => Err(format!("the server's window took {} of {} bytes", g.len, PING.len())),
             Err(WriteError::WouldBlock(b)) => Err(format!("PING would block: {b:?}")),
             Err(WriteError::PeerClosed | WriteError::Closed) => Err("the server closed the connection".into()),
@@ -502,13 +464,15 @@ impl IdlePool {
         let s = &mut self.slots[i];
         let Some(l) = s.live.as_mut() else { return };
         // WouldBlock, or the end: what came is in `reply`; the caller judges it
-        while let Ok(range) = l.core.read(64 * 1024) {
-            if range.is_empty() {
-                break;
-            }
-            l.ep.copy_rx_into_vec(range, &mut s.reply);
+        let mut buf = [0u8; 4096];
+        let mut failed = None;
+        while let (Ok(n @ 1..), f) = l.read(&mut buf) {
+            s.reply.extend_from_slice(&buf[..n]);
+            failed = failed.or(f);
         }
-        self.flush_control(i);
+        if let Some(f) = failed {
+            self.fail(i, &ClientError::from(f).to_string());
+        }
     }
 
     /// Fails the connections whose set-up (or PING) took longer than the timeout.
