@@ -3,14 +3,15 @@
 //! pair on the rdma_cm id, the control-message slots, the RX buffer and (once the peer
 //! has registered its RX buffer) the TX buffer (docs/protocol.md §2).
 
-use std::mem::{ManuallyDrop, MaybeUninit};
-use std::ptr::NonNull;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::resources::{loaded, set_nonblocking, CmId, PinnedBuffer};
+use super::cq::CompletionQueue;
+use super::mr::{MemoryRegion, ProtectionDomain};
+use super::resources::{loaded, CmId, PinnedBuffer};
 use super::shared_cq::{poll_channel_cq, CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
 use super::tx_plan;
@@ -100,32 +101,33 @@ pub struct EndpointConfig {
 
 pub use crate::protocol::driver::Completion;
 
+/// The verbs objects of one connection. Field order is drop order, the reverse of
+/// creation: the QP first (nothing can use the rest after it), then the id, the
+/// regions, the buffers they cover, the completion queue and last the domain.
 pub struct Endpoint {
-    id: ManuallyDrop<CmId>,
-    /// The QP once [`begin_close`](Self::begin_close) took it out of the id; null before.
-    qp_taken: *mut ibv_qp,
-    /// Shared with RX buffers being prepared off the event loop ([`RxPreparation`]) and
-    /// with released TX buffers ([`ReleasedTx`]): the domain is freed by whichever
-    /// drops last, after every region on it.
-    pd: Option<Arc<ProtectionDomain>>,
-    /// The completion channel and CQ: this endpoint's own (destroyed in Drop), or those
-    /// of `shared`, which it only uses.
-    comp_channel: *mut ibv_comp_channel,
-    cq: *mut ibv_cq,
-    /// A completion queue shared with other endpoints: this endpoint's entries are
-    /// reserved in it, and the `Arc` keeps it alive until after the QP is destroyed
-    /// (a field: dropped after [`Drop::drop`] destroyed the QP).
-    shared: Option<CqAttachment>,
-    depths: QueueDepths,
-    ctrl_buf: PinnedBuffer,
-    ctrl_mr: *mut ibv_mr,
-    rx_buf: PinnedBuffer,
-    rx_mr: *mut ibv_mr,
-    /// The address the peer writes the RX buffer at (docs/protocol.md §6).
-    rx_iova: u64,
+    /// The QP once [`begin_close`](Self::begin_close) took it out of the id.
+    qp_taken: TakenQp,
+    /// Destroys its QP, if still attached, then itself.
+    id: CmId,
     /// The TX buffer, and the replaced ones that writes in flight may still read; it
     /// also numbers the send work requests (docs/protocol.md §4.3).
     tx: TxBuffers<TxRegion>,
+    /// `None` only while [`build`](Self::build) runs.
+    ctrl_mr: Option<MemoryRegion>,
+    rx_mr: Option<MemoryRegion>,
+    ctrl_buf: PinnedBuffer,
+    rx_buf: PinnedBuffer,
+    /// Where its completions go (`None` only while [`build`](Self::build) runs).
+    cq: Option<EndpointCq>,
+    /// Shared with the regions, with RX buffers being prepared off the event loop
+    /// ([`RxPreparation`]) and with released TX buffers ([`ReleasedTx`]): freed by
+    /// whichever drops last.
+    pd: Option<Arc<ProtectionDomain>>,
+    /// Counts the endpoint among the live ones until it is dropped.
+    _live: LiveEndpoint,
+    depths: QueueDepths,
+    /// The address the peer writes the RX buffer at (docs/protocol.md §6).
+    rx_iova: u64,
     /// [`EndpointConfig::tx_chunk`], at least one page.
     tx_chunk: u32,
     /// The TX buffer's size when made on demand ([`set_tx_len`](Endpoint::set_tx_len)):
@@ -138,7 +140,54 @@ pub struct Endpoint {
     writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
     unsignaled_run: u32,
-    comp_vector: i32,
+}
+
+/// Where an endpoint's completions go.
+enum EndpointCq {
+    /// A completion queue of its own.
+    Own(CompletionQueue),
+    /// One shared with other endpoints: this endpoint's entries are reserved in it,
+    /// and the attachment keeps it alive (dropped after the QP: field order).
+    Shared(CqAttachment),
+}
+
+impl EndpointCq {
+    fn queue(&self) -> &CompletionQueue {
+        match self {
+            EndpointCq::Own(q) => q,
+            EndpointCq::Shared(a) => a.cq().queue(),
+        }
+    }
+}
+
+/// A QP taken out of its id ([`Endpoint::begin_close`]), destroyed when dropped.
+struct TakenQp(*mut ibv_qp);
+
+impl Drop for TakenQp {
+    fn drop(&mut self) {
+        let qp = std::mem::replace(&mut self.0, std::ptr::null_mut());
+        if !qp.is_null() {
+            // SAFETY: created on the endpoint's id, which no longer names it; nothing
+            // posts to it any more (its endpoint is being dropped or closed).
+            unsafe { (loaded().ibv_destroy_qp)(qp) };
+        }
+    }
+}
+
+/// One live endpoint in [`LIVE_ENDPOINTS`] (what the map budget counts).
+struct LiveEndpoint;
+
+impl LiveEndpoint {
+    fn new() -> Self {
+        LIVE_ENDPOINTS.fetch_add(1, Ordering::Relaxed);
+        LiveEndpoint
+    }
+}
+
+impl Drop for LiveEndpoint {
+    fn drop(&mut self) {
+        LIVE_ENDPOINTS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: the raw pointers are verbs objects owned by this struct; the verbs library is
@@ -190,7 +239,9 @@ impl Endpoint {
         // it and for a TX buffer of every live endpoint (vm.max_map_count).
         super::map_budget::admit(LIVE_ENDPOINTS.load(Ordering::Relaxed)).map_err(|e| refuse(&id, e))?;
         let shared = match cq {
-            Some(cq) => Some(CqAttachment::reserve(cq, verbs, depths.cqes()).map_err(|e| refuse(&id, e))?),
+            Some(cq) => {
+                Some(EndpointCq::Shared(CqAttachment::reserve(cq, verbs, depths.cqes()).map_err(|e| refuse(&id, e))?))
+            }
             None => None,
         };
         let tx_slots = depths.tx_slots();
@@ -199,28 +250,25 @@ impl Endpoint {
         let ctrl_buf =
             PinnedBuffer::new((depths.recv as usize + tx_slots) * CONTROL_MESSAGE_LEN).map_err(|e| refuse(&id, e))?;
         let rx_buf = PinnedBuffer::new(cfg.rx_size as usize).map_err(|e| refuse(&id, e))?;
-        LIVE_ENDPOINTS.fetch_add(1, Ordering::Relaxed); // until Drop
         let mut ep = Endpoint {
-            id: ManuallyDrop::new(id),
-            qp_taken: std::ptr::null_mut(),
-            pd: None,
-            comp_channel: std::ptr::null_mut(),
-            cq: std::ptr::null_mut(),
-            shared,
-            depths,
-            ctrl_buf,
-            ctrl_mr: std::ptr::null_mut(),
-            rx_buf,
-            rx_mr: std::ptr::null_mut(),
-            rx_iova: 0,
+            qp_taken: TakenQp(std::ptr::null_mut()),
+            id,
             tx: TxBuffers::new(),
+            ctrl_mr: None,
+            rx_mr: None,
+            ctrl_buf,
+            rx_buf,
+            cq: shared,
+            pd: None,
+            _live: LiveEndpoint::new(),
+            depths,
+            rx_iova: 0,
             tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
             tx_len_wanted: 0,
             repost_receives: true,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
             unsignaled_run: 0,
-            comp_vector: 0,
         };
         match ep.build(verbs, cfg) {
             Ok(()) => Ok(ep),
@@ -228,84 +276,58 @@ impl Endpoint {
         }
     }
 
-    /// Creates the verbs objects of a new endpoint and posts every receive.
+    /// Creates the verbs objects of a new endpoint and posts every receive. Each is
+    /// stored in the endpoint at once, so that a failure drops whatever was made
+    /// before it, in field order.
     fn build(&mut self, verbs: *mut ibv_context, cfg: &EndpointConfig) -> Result<()> {
-        let l = loaded();
         let ep = self;
-        // SAFETY: `verbs` is the live device context of the id. Every object created
-        // here is stored in `ep` at once, so Drop releases whatever was made before a
-        // failure, in reverse order.
+        // SAFETY: `verbs` is the live device context of the id (rdma_cm keeps it open
+        // while the id lives, and the id outlives every object made here).
+        let pd = unsafe { ProtectionDomain::alloc(verbs)? };
+        ep.pd = Some(Arc::clone(&pd));
+        if ep.cq.is_none() {
+            let vector = cfg.comp_vector.unwrap_or_else(random_u32);
+            // SAFETY: as above.
+            ep.cq = Some(EndpointCq::Own(unsafe { CompletionQueue::new(verbs, ep.depths.cqes(), vector)? }));
+        }
+        let cq = ep.cq.as_ref().map(|c| c.queue().cq_ptr()).unwrap_or(std::ptr::null_mut());
+        // SAFETY: all-zero is a valid ibv_qp_init_attr (plain integers, null pointers).
+        let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = cq;
+        attr.recv_cq = cq;
+        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+        attr.cap.max_send_wr = ep.depths.send;
+        attr.cap.max_recv_wr = ep.depths.recv;
+        attr.cap.max_send_sge = tx_plan::SGES_PER_WR as u32; // one per TX chunk a request touches
+        attr.cap.max_recv_sge = 1;
+        // SAFETY: the id, domain and CQ are live; the id owns the QP from here on.
+        if unsafe { (loaded().rdma_create_qp)(ep.id.as_ptr(), pd.as_ptr(), &mut attr) } != 0 {
+            return Err(VerbsError::last(VerbsOp::CreateQp));
+        }
+        if let Some(EndpointCq::Shared(s)) = &mut ep.cq {
+            // From here on dropping the attachment retires the number on the shared CQ.
+            // SAFETY: the QP was just created on the id.
+            s.set_qp_num(unsafe { (*ep.id.raw().qp).qp_num })?;
+        }
+        // SAFETY: the regions are fields dropped before the buffers they cover.
         unsafe {
-            let pd = ProtectionDomain::alloc(verbs)?;
-            let pd_ptr = pd.as_ptr();
-            ep.pd = Some(pd);
-            if let Some(s) = &ep.shared {
-                // Not ours to destroy: Drop leaves them to the shared owner.
-                ep.comp_channel = s.cq().channel_ptr();
-                ep.cq = s.cq().cq_ptr();
-                ep.comp_vector = s.cq().comp_vector();
-            } else {
-                ep.comp_channel = (l.ibv_create_comp_channel)(verbs);
-                if ep.comp_channel.is_null() {
-                    return Err(VerbsError::last(VerbsOp::CreateCompChannel));
-                }
-                set_nonblocking((*ep.comp_channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
-                let vectors = (*verbs).num_comp_vectors.max(1) as u32;
-                ep.comp_vector = (cfg.comp_vector.unwrap_or_else(random_u32) % vectors) as i32;
-                ep.cq = (l.ibv_create_cq)(
-                    verbs,
-                    ep.depths.cqes() as i32,
-                    std::ptr::null_mut(),
-                    ep.comp_channel,
-                    ep.comp_vector,
-                );
-                if ep.cq.is_null() {
-                    return Err(VerbsError::last(VerbsOp::CreateCq));
-                }
-            }
-            let mut attr: ibv_qp_init_attr = std::mem::zeroed();
-            attr.send_cq = ep.cq;
-            attr.recv_cq = ep.cq;
-            attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-            attr.cap.max_send_wr = ep.depths.send;
-            attr.cap.max_recv_wr = ep.depths.recv;
-            attr.cap.max_send_sge = tx_plan::SGES_PER_WR as u32; // one per TX chunk a request touches
-            attr.cap.max_recv_sge = 1;
-            if (l.rdma_create_qp)(ep.id.as_ptr(), pd_ptr, &mut attr) != 0 {
-                return Err(VerbsError::last(VerbsOp::CreateQp));
-            }
-            if let Some(s) = &mut ep.shared {
-                // From here on Drop marks the number retired on the shared CQ.
-                s.set_qp_num((*ep.id.raw().qp).qp_num)?;
-            }
-            ep.ctrl_mr = ep.register(
-                ep.ctrl_buf.as_ptr(),
-                ep.ctrl_buf.len(),
-                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
-            )?;
-            (ep.rx_mr, ep.rx_iova) = ep.pd()?.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
+            ep.ctrl_mr = Some(pd.register_local(ep.ctrl_buf.as_ptr(), ep.ctrl_buf.len())?);
+            let (rx_mr, rx_iova) = pd.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
+            (ep.rx_mr, ep.rx_iova) = (Some(rx_mr), rx_iova);
         }
         for slot in 0..ep.depths.recv as usize {
             ep.post_recv(slot)?;
         }
-        // SAFETY: the CQ is live; arm it so the channel fd signals the next completion
-        // (a shared one was armed by its owner and is re-armed at each poll).
-        if ep.shared.is_none() && unsafe { ibv_req_notify_cq(ep.cq, 0) } != 0 {
-            return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
-        }
         Ok(())
-    }
-
-    /// # Safety
-    /// `addr..addr + len` must stay mapped until the region is deregistered.
-    unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
-        // SAFETY: per the contract; the protection domain is live while `self` holds it.
-        unsafe { self.pd()?.register(addr, len, access) }
     }
 
     /// The protection domain, which regions are registered on (none before `build`).
     fn pd(&self) -> Result<&Arc<ProtectionDomain>> {
         self.pd.as_ref().ok_or_else(|| VerbsError::with(VerbsOp::RegMr, libc::ENODEV))
+    }
+
+    fn ctrl_lkey(&self) -> u32 {
+        self.ctrl_mr.as_ref().map_or(0, MemoryRegion::lkey)
     }
 
     /// Memory this endpoint has registered now (control slots, RX, TX and any retired
@@ -329,11 +351,10 @@ impl Endpoint {
     }
     /// The completion channel's fd: readable when a completion is due.
     pub fn comp_fd(&self) -> i32 {
-        // SAFETY: the channel is live while self is.
-        unsafe { (*self.comp_channel).fd }
+        self.cq.as_ref().map_or(-1, |c| c.queue().fd())
     }
     pub fn comp_vector(&self) -> i32 {
-        self.comp_vector
+        self.cq.as_ref().map_or(-1, |c| c.queue().comp_vector())
     }
     /// The RX buffer's address as the peer names it: an offset space of its own, not
     /// where the buffer is in this process (docs/protocol.md §6).
@@ -341,12 +362,10 @@ impl Endpoint {
         self.rx_iova
     }
     pub fn rx_key(&self) -> u32 {
-        // SAFETY: the MR is live while self is.
-        unsafe { (*self.rx_mr).rkey }
+        self.rx_mr.as_ref().map_or(0, MemoryRegion::rkey)
     }
     pub fn rx_len(&self) -> u32 {
-        // SAFETY: as above.
-        unsafe { (*self.rx_mr).length as u32 }
+        self.rx_mr.as_ref().map_or(0, |m| m.len() as u32)
     }
     /// Where the RX buffer is, as RegisterXferMemory names it.
     pub fn rx_region(&self) -> RxBuffer {
@@ -372,8 +391,7 @@ impl Endpoint {
             // SAFETY: slot < depths.recv, inside the control buffer.
             addr: unsafe { self.ctrl_buf.as_ptr().add(slot * CONTROL_MESSAGE_LEN) } as u64,
             length: CONTROL_MESSAGE_LEN as u32,
-            // SAFETY: the MR is live.
-            lkey: unsafe { (*self.ctrl_mr).lkey },
+            lkey: self.ctrl_lkey(),
         };
         let mut wr = ibv_recv_wr { wr_id: slot as u64, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
         let mut bad = std::ptr::null_mut();
@@ -386,10 +404,10 @@ impl Endpoint {
     }
 
     fn qp(&self) -> *mut ibv_qp {
-        if self.qp_taken.is_null() {
+        if self.qp_taken.0.is_null() {
             self.id.raw().qp
         } else {
-            self.qp_taken
+            self.qp_taken.0
         }
     }
 
@@ -399,10 +417,10 @@ impl Endpoint {
     /// # Safety
     /// Nothing may post to the QP afterwards.
     unsafe fn destroy_qp(&mut self) {
-        let qp = if self.qp_taken.is_null() {
+        let qp = if self.qp_taken.0.is_null() {
             self.id.take_qp()
         } else {
-            std::mem::replace(&mut self.qp_taken, std::ptr::null_mut())
+            std::mem::replace(&mut self.qp_taken.0, std::ptr::null_mut())
         };
         if !qp.is_null() {
             // SAFETY: per the contract; it was created on this endpoint's id, and neither
@@ -471,8 +489,7 @@ impl Endpoint {
             // SAFETY: inside the control buffer.
             addr: unsafe { self.ctrl_buf.as_ptr().add(off) } as u64,
             length: CONTROL_MESSAGE_LEN as u32,
-            // SAFETY: the MR is live.
-            lkey: unsafe { (*self.ctrl_mr).lkey },
+            lkey: self.ctrl_lkey(),
         };
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
@@ -496,9 +513,9 @@ impl Endpoint {
         }
         let buf = PinnedBuffer::new(len as usize)?;
         let chunk = (self.tx_chunk as usize).min(buf.len());
-        let chunks = vec![std::ptr::null_mut(); buf.len().div_ceil(chunk)];
+        let chunks = (0..buf.len().div_ceil(chunk)).map(|_| None).collect();
         self.tx
-            .replace(Some(TxRegion { buf, chunk, chunks, _pd: self.pd.clone() }))
+            .replace(Some(TxRegion { chunks, buf, chunk }))
             .map_err(|_| VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS))
     }
 
@@ -528,17 +545,20 @@ impl Endpoint {
         }
         // SAFETY: offset + len lies inside the TX buffer (checked above).
         let addr = unsafe { region.buf.as_ptr().add(offset as usize) } as u64;
-        let mut mr = region.chunks[i];
-        if mr.is_null() {
-            // SAFETY: the chunk lies inside the TX buffer, which the region keeps mapped
-            // until it deregisters the chunk (TxRegion's drop).
-            mr = unsafe { self.register(region.buf.as_ptr().add(start), chunk_len, local_access())? };
-            if let Some(r) = self.tx.current_mut() {
-                r.chunks[i] = mr;
+        let lkey = match &region.chunks[i] {
+            Some(mr) => mr.lkey(),
+            None => {
+                // SAFETY: the chunk lies inside the TX buffer, which the region keeps
+                // mapped until its chunks' regions are dropped (TxRegion's field order).
+                let mr = unsafe { self.pd()?.register_local(region.buf.as_ptr().add(start), chunk_len)? };
+                let lkey = mr.lkey();
+                if let Some(r) = self.tx.current_mut() {
+                    r.chunks[i] = Some(mr);
+                }
+                lkey
             }
-        }
-        // SAFETY: the MR is non-null (registered above or before) and live while the region is.
-        Ok(ibv_sge { addr, length: len, lkey: unsafe { (*mr).lkey } })
+        };
+        Ok(ibv_sge { addr, length: len, lkey })
     }
 
     /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
@@ -598,14 +618,12 @@ impl Endpoint {
     /// peer filled the old buffer completely and waits for that RegisterXferMemory, so
     /// no write of its can still target the old one, which is freed here.
     pub fn install_rx(&mut self, mut new: PreparedRx) {
-        let (Some(buf), false) = (new.buf.take(), new.mr.is_null()) else { return };
-        let mr = std::mem::replace(&mut new.mr, std::ptr::null_mut());
-        let old_mr = std::mem::replace(&mut self.rx_mr, mr);
+        let (Some(mr), Some(buf)) = (new.mr.take(), new.buf.take()) else { return };
+        // (per the doc comment, nothing reads or writes the old region any more: it is
+        // deregistered, then unmapped)
+        drop(self.rx_mr.replace(mr));
+        drop(std::mem::replace(&mut self.rx_buf, buf));
         self.rx_iova = new.iova;
-        let old_buf = std::mem::replace(&mut self.rx_buf, buf);
-        // SAFETY: per the doc comment, nothing reads or writes the old region any more.
-        unsafe { dereg(old_mr) };
-        drop(old_buf);
     }
 
     /// Control messages posted and not yet completed. Control sends are signalled, and a
@@ -750,10 +768,10 @@ impl Endpoint {
     /// Only for an endpoint with its own CQ: one on a shared CQ gets its completions
     /// through [`on_completion`](Self::on_completion) (here: `EINVAL`).
     pub fn poll(&mut self, budget: usize, mut f: impl FnMut(Completion)) -> Result<bool> {
-        if self.shared.is_some() {
+        let Some(EndpointCq::Own(q)) = self.cq.as_ref() else {
             return Err(VerbsError::with(VerbsOp::PollCq, libc::EINVAL));
-        }
-        let (channel, cq) = (self.comp_channel, self.cq);
+        };
+        let (channel, cq) = (q.channel_ptr(), q.cq_ptr());
         // SAFETY: the endpoint's own channel and CQ, live while self is.
         unsafe {
             poll_channel_cq(channel, cq, budget, |batch| {
@@ -815,10 +833,10 @@ impl Endpoint {
     /// cannot meet the other thread destroying it; and marks its number as closing on
     /// a shared CQ, so that no new QP takes it before it is retired.
     pub fn begin_close(&mut self) {
-        if self.qp_taken.is_null() {
-            self.qp_taken = self.id.take_qp();
+        if self.qp_taken.0.is_null() {
+            self.qp_taken.0 = self.id.take_qp();
         }
-        if let Some(a) = self.shared.as_ref() {
+        if let Some(EndpointCq::Shared(a)) = self.cq.as_ref() {
             a.mark_closing();
         }
     }
@@ -860,118 +878,6 @@ impl Endpoint {
     }
 }
 
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        LIVE_ENDPOINTS.fetch_sub(1, Ordering::Relaxed);
-        let l = loaded();
-        // SAFETY: teardown in reverse order of creation. The QP is destroyed first, then
-        // the id, before the CQ, MRs and PD the QP used; nothing is used after.
-        unsafe {
-            self.destroy_qp();
-            ManuallyDrop::drop(&mut self.id);
-            self.tx.clear();
-            for mr in [self.rx_mr, self.ctrl_mr] {
-                if !mr.is_null() {
-                    dereg(mr);
-                }
-            }
-            // A shared CQ and channel are left to their owner: `shared` (a field)
-            // drops after this body, so after the QP is gone.
-            if self.shared.is_none() && !self.cq.is_null() {
-                (l.ibv_destroy_cq)(self.cq);
-            }
-            if self.shared.is_none() && !self.comp_channel.is_null() {
-                (l.ibv_destroy_comp_channel)(self.comp_channel);
-            }
-        }
-        // Last: the protection domain, once nothing made on it here is left (a buffer
-        // still being prepared, or a released TX buffer not freed yet, holds its own
-        // reference).
-        self.pd = None;
-    }
-}
-
-/// A protection domain, shared by an endpoint and the RX buffers prepared for it off
-/// the event loop; freed when the last holder drops it.
-pub struct ProtectionDomain(NonNull<ibv_pd>);
-
-// SAFETY: a verbs object; libibverbs is thread-safe for registering memory on a PD
-// from several threads, and it is freed exactly once (Drop).
-unsafe impl Send for ProtectionDomain {}
-// SAFETY: the methods taking `&self` only register memory on it, which libibverbs
-// allows from several threads at once.
-unsafe impl Sync for ProtectionDomain {}
-
-impl ProtectionDomain {
-    /// # Safety
-    /// `verbs` must be a live device context that outlives the domain (rdma_cm keeps
-    /// its devices open).
-    unsafe fn alloc(verbs: *mut ibv_context) -> Result<Arc<ProtectionDomain>> {
-        // SAFETY: per the contract.
-        let pd = unsafe { (loaded().ibv_alloc_pd)(verbs) };
-        NonNull::new(pd).map(|p| Arc::new(ProtectionDomain(p))).ok_or_else(|| VerbsError::last(VerbsOp::AllocPd))
-    }
-    fn as_ptr(&self) -> *mut ibv_pd {
-        self.0.as_ptr()
-    }
-    /// # Safety
-    /// `addr..addr + len` must stay mapped until the region is deregistered, and the
-    /// region must be deregistered before the domain is freed.
-    unsafe fn register(&self, addr: *mut u8, len: usize, access: i32) -> Result<*mut ibv_mr> {
-        // SAFETY: per the contract.
-        unsafe { self.register_at(addr, len, access, addr as u64) }
-    }
-
-    /// Registers a buffer the peer writes into (an RX buffer), at an address of its
-    /// own rather than the buffer's: the peer learns nothing of this process's memory
-    /// layout from RegisterXferMemory (docs/protocol.md §6). Returns the region and that
-    /// address.
-    ///
-    /// # Safety
-    /// As for [`register`](Self::register).
-    unsafe fn register_for_peer(&self, addr: *mut u8, len: usize) -> Result<(*mut ibv_mr, u64)> {
-        let iova = peer_address(addr as u64);
-        // SAFETY: per the contract.
-        unsafe { self.register_at(addr, len, remote_access(), iova) }.map(|mr| (mr, iova))
-    }
-
-    /// # Safety
-    /// As for [`register`](Self::register).
-    unsafe fn register_at(&self, addr: *mut u8, len: usize, access: i32, iova: u64) -> Result<*mut ibv_mr> {
-        if !super::pinned::admit(len as u64) {
-            return Err(VerbsError::with(VerbsOp::PinnedCeiling, libc::EDQUOT));
-        }
-        // SAFETY: per the contract; the domain is live while self is.
-        let mr = unsafe { (loaded().ibv_reg_mr_iova)(self.as_ptr(), addr.cast(), len, iova, access) };
-        if mr.is_null() {
-            // ENOMEM here is almost always RLIMIT_MEMLOCK; the caller says so.
-            let e = VerbsError::last(VerbsOp::RegMr);
-            super::pinned::released(len as u64);
-            return Err(e);
-        }
-        Ok(mr)
-    }
-}
-
-/// The address a peer is given for a buffer at `addr`: a fresh 4 GiB slot per
-/// registration (RX buffers are at most 16 MiB), keeping the offset within the page so
-/// that devices which map by page see the same layout.
-fn peer_address(addr: u64) -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
-    let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % (1 << 30) + 1;
-    (slot << 32) | (addr & (super::resources::page_size() as u64 - 1))
-}
-
-impl Drop for ProtectionDomain {
-    fn drop(&mut self) {
-        // SAFETY: every holder of a region on this domain holds the domain too, and
-        // deregisters its region before letting go of it; the QP was destroyed first
-        // by the endpoint's Drop.
-        unsafe { (loaded().ibv_dealloc_pd)(self.as_ptr()) };
-    }
-}
-
 /// The job of making a larger RX buffer ([`Endpoint::rx_preparation`]); `Send`, so it
 /// can run on another thread.
 pub struct RxPreparation {
@@ -983,48 +889,30 @@ impl RxPreparation {
     /// Maps and registers the buffer (the slow part: the kernel pins every page).
     pub fn run(self) -> Result<PreparedRx> {
         let buf = PinnedBuffer::new(self.len as usize)?;
-        // SAFETY: the buffer is moved into the result with its region, which
-        // deregisters before unmapping and before releasing the domain (PreparedRx).
+        // SAFETY: the buffer is moved into the result with its region, which is dropped
+        // before the buffer (PreparedRx's field order).
         let (mr, iova) = unsafe { self.pd.register_for_peer(buf.as_ptr(), self.len as usize)? };
-        Ok(PreparedRx { mr, iova, buf: Some(buf), _pd: self.pd })
+        Ok(PreparedRx { mr: Some(mr), buf: Some(buf), iova })
     }
 }
 
 /// A registered RX buffer not yet in use ([`Endpoint::install_rx`]); dropped unused, it
-/// deregisters, unmaps, then lets go of the domain (field order).
+/// deregisters (letting go of the domain), then unmaps (field order).
 pub struct PreparedRx {
-    mr: *mut ibv_mr,
-    iova: u64,
+    mr: Option<MemoryRegion>,
     buf: Option<PinnedBuffer>,
-    _pd: Arc<ProtectionDomain>,
+    iova: u64,
 }
-
-// SAFETY: owns its region and buffer outright; moved between threads whole.
-unsafe impl Send for PreparedRx {}
 
 impl PreparedRx {
     /// Where it is, as RegisterXferMemory will name it.
     pub fn region(&self) -> RxBuffer {
-        let (len, key) = if self.mr.is_null() {
-            (0, 0)
-        } else {
-            // SAFETY: the MR is live while self holds it.
-            unsafe { ((*self.mr).length as u32, (*self.mr).rkey) }
-        };
+        let (len, key) = self.mr.as_ref().map_or((0, 0), |m| (m.len() as u32, m.rkey()));
         RxBuffer { addr: self.iova, len, key }
     }
     /// Memory it pins, in bytes.
     pub fn pinned_bytes(&self) -> u64 {
         self.buf.as_ref().map_or(0, |b| b.len() as u64)
-    }
-}
-
-impl Drop for PreparedRx {
-    fn drop(&mut self) {
-        if !self.mr.is_null() {
-            // SAFETY: registered for `buf` on `_pd`, both still held; never posted.
-            unsafe { dereg(self.mr) };
-        }
     }
 }
 
@@ -1050,63 +938,20 @@ impl ReleasedTx {
 }
 
 /// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
-/// one memory region per `chunk` bytes of it, null until a write first reaches that
+/// one memory region per `chunk` bytes of it, `None` until a write first reaches that
 /// chunk ([`EndpointConfig::tx_chunk`]). Dropping it deregisters the regions, then
-/// unmaps the buffer.
+/// unmaps the buffer (field order); each region keeps the domain until then, also
+/// when a released buffer is freed after its endpoint.
 struct TxRegion {
+    chunks: Vec<Option<MemoryRegion>>,
     buf: PinnedBuffer,
     chunk: usize,
-    chunks: Vec<*mut ibv_mr>,
-    /// The domain the chunks are registered on, kept until they are deregistered: a
-    /// released buffer may be freed after its endpoint.
-    _pd: Option<Arc<ProtectionDomain>>,
 }
-
-// SAFETY: the memory regions are owned by the region and deregistered once (Drop), on a
-// protection domain it keeps alive; libibverbs may deregister from any thread, and one
-// owner at a time uses the region.
-unsafe impl Send for TxRegion {}
 
 impl TxRegion {
     fn registered_bytes(&self) -> usize {
-        let registered = self.chunks.iter().enumerate().filter(|(_, mr)| !mr.is_null());
-        registered.map(|(i, _)| self.chunk.min(self.buf.len() - i * self.chunk)).sum()
+        self.chunks.iter().flatten().map(MemoryRegion::len).sum()
     }
-}
-
-impl Drop for TxRegion {
-    fn drop(&mut self) {
-        for &mr in self.chunks.iter().filter(|mr| !mr.is_null()) {
-            // SAFETY: each non-null MR was registered for a chunk of `buf` and is live;
-            // [`TxBuffers`] drops a region only when no posted work request can read it.
-            unsafe { dereg(mr) };
-        }
-    }
-}
-
-/// Deregisters a region made by `ProtectionDomain::register`, giving its bytes back to
-/// the pinned-memory count.
-///
-/// # Safety
-/// `mr` must be live, made by that function, and not used afterwards (no posted work
-/// request may still read it).
-unsafe fn dereg(mr: *mut ibv_mr) {
-    // SAFETY: per the contract, `mr` is a live region.
-    let len = unsafe { (*mr).length } as u64;
-    // SAFETY: as above; it is not used again.
-    unsafe { (loaded().ibv_dereg_mr)(mr) };
-    super::pinned::released(len);
-}
-
-/// A TX chunk is only read by our own device (the source of our writes and sends).
-fn local_access() -> i32 {
-    ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32
-}
-
-/// An RX buffer is written by the peer and by nothing else: the protocol never reads
-/// one remotely, so RDMA READ is not granted (docs/protocol.md §6).
-fn remote_access() -> i32 {
-    (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as i32
 }
 
 /// A cheap per-process random number for spreading connections over vectors.
@@ -1127,20 +972,6 @@ fn random_u32() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_peer_address_hides_the_buffer_and_keeps_its_page_offset() {
-        let page = crate::verbs::resources::page_size() as u64;
-        let at = 0x7f3a_1234_5000u64 + 0x10;
-        let (a, b) = (peer_address(at), peer_address(at));
-        assert_ne!(a, at);
-        assert_ne!(a, b, "each registration gets a slot of its own");
-        assert_eq!(a % page, at % page);
-        for x in [a, b] {
-            assert!(x >= 1 << 32 && (x >> 32) <= 1 << 30, "{x:#x} outside the slots");
-            assert!(x.checked_add(u64::from(crate::protocol::MAX_PEER_RX_SIZE)).is_some());
-        }
-    }
 
     #[test]
     fn pinned_bytes_counts_every_registered_buffer_in_pages() {

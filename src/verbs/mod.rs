@@ -9,9 +9,11 @@
 //! types and the inline verbs (`ibv_post_send`, `ibv_poll_cq`, … dispatch through the
 //! context's ops table); the exported functions come from [`lib()`].
 
+mod cq;
 mod dynlib;
 mod endpoint;
 mod map_budget;
+mod mr;
 mod nic;
 pub mod pinned;
 mod resources;

@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdma_sys::*;
 
-use super::resources::{loaded, set_nonblocking, CmId};
+use super::cq::CompletionQueue;
+use super::resources::{loaded, CmId};
 use super::{Result, VerbsError, VerbsOp};
 
 /// The most entries one CQ may have on any device we know (rxe: `max_cqe` 32767).
@@ -177,15 +178,14 @@ impl WorkCompletion {
 /// last `Arc` goes: after every QP attached to it (see the module comment).
 pub struct SharedCq {
     verbs: *mut ibv_context,
-    channel: *mut ibv_comp_channel,
-    cq: *mut ibv_cq,
-    comp_vector: i32,
+    queue: CompletionQueue,
     budget: Mutex<CqBudget>,
 }
 
-// SAFETY: the pointers are verbs objects owned by this struct (the device context is
-// librdmacm's, alive while any id of it is, and ids keep their SharedCq alive). The
-// providers lock a CQ inside poll and arm; the bookkeeping is behind a Mutex.
+// SAFETY: the queue is a verbs object owned by this struct; the device context is
+// librdmacm's, alive while any id of it is, and ids keep their SharedCq alive; it is
+// only compared. The providers lock a CQ inside poll and arm; the bookkeeping is
+// behind a Mutex.
 unsafe impl Send for SharedCq {}
 // SAFETY: as for Send: poll and arm are locked by the provider, the rest by the Mutex.
 unsafe impl Sync for SharedCq {}
@@ -210,30 +210,9 @@ impl SharedCq {
             }
         };
         let capacity = capacity.clamp(1, MAX_SHARED_CQES.min(max_cqe));
-        let mut s = SharedCq {
-            verbs,
-            channel: std::ptr::null_mut(),
-            cq: std::ptr::null_mut(),
-            comp_vector: 0,
-            budget: Mutex::new(CqBudget::new(capacity)),
-        };
-        // SAFETY: `verbs` is the live device context of `id`. Each object is stored in
-        // `s` at once, so its Drop releases what was made before a failure.
-        unsafe {
-            s.channel = (l.ibv_create_comp_channel)(verbs);
-            if s.channel.is_null() {
-                return Err(VerbsError::last(VerbsOp::CreateCompChannel));
-            }
-            set_nonblocking((*s.channel).fd).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
-            s.comp_vector = (comp_vector % (*verbs).num_comp_vectors.max(1) as u32) as i32;
-            s.cq = (l.ibv_create_cq)(verbs, capacity as i32, std::ptr::null_mut(), s.channel, s.comp_vector);
-            if s.cq.is_null() {
-                return Err(VerbsError::last(VerbsOp::CreateCq));
-            }
-            if ibv_req_notify_cq(s.cq, 0) != 0 {
-                return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
-            }
-        }
+        // SAFETY: `verbs` is the live device context of `id`.
+        let queue = unsafe { CompletionQueue::new(verbs, capacity, comp_vector)? };
+        let s = SharedCq { verbs, queue, budget: Mutex::new(CqBudget::new(capacity)) };
         Ok(Arc::new(s))
     }
 
@@ -256,17 +235,11 @@ impl SharedCq {
     }
     /// The completion channel's fd: readable when a completion is due.
     pub fn fd(&self) -> i32 {
-        // SAFETY: the channel is live while self is.
-        unsafe { (*self.channel).fd }
+        self.queue.fd()
     }
-    pub(super) fn channel_ptr(&self) -> *mut ibv_comp_channel {
-        self.channel
-    }
-    pub(super) fn cq_ptr(&self) -> *mut ibv_cq {
-        self.cq
-    }
-    pub(super) fn comp_vector(&self) -> i32 {
-        self.comp_vector
+    /// The completion queue and channel.
+    pub(super) fn queue(&self) -> &CompletionQueue {
+        &self.queue
     }
 
     /// Consumes a pending notification (if any), re-arms the CQ and polls up to
@@ -277,7 +250,7 @@ impl SharedCq {
         let retired_before = self.budget().retired_count();
         // SAFETY: the channel and CQ are live while self is.
         let left = unsafe {
-            poll_channel_cq(self.channel, self.cq, budget, |batch| {
+            poll_channel_cq(self.queue.channel_ptr(), self.queue.cq_ptr(), budget, |batch| {
                 // Usually no QP is retired: then nothing is filtered, copied or held.
                 if !self.has_retired() {
                     batch.iter().map(WorkCompletion::from_raw).for_each(&mut f);
@@ -343,22 +316,6 @@ pub(super) unsafe fn poll_channel_cq(
         left -= n as usize;
     }
     Ok(true)
-}
-
-impl Drop for SharedCq {
-    fn drop(&mut self) {
-        let l = loaded();
-        // SAFETY: the last Arc is gone, so every QP attached was destroyed (each
-        // endpoint drops its attachment after its QP); the CQ goes before its channel.
-        unsafe {
-            if !self.cq.is_null() {
-                (l.ibv_destroy_cq)(self.cq);
-            }
-            if !self.channel.is_null() {
-                (l.ibv_destroy_comp_channel)(self.channel);
-            }
-        }
-    }
 }
 
 /// One endpoint's place on a shared CQ: its reserved entries and a reference that keeps
