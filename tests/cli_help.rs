@@ -18,6 +18,7 @@ fn valkey_rdma_cli_help_lists_no_test_mode() {
 }
 
 #[test]
+#[cfg(feature = "test-hooks")]
 fn the_test_peer_lists_every_hostile_case() {
     let text = help(env!("CARGO_BIN_EXE_valkey-rdma-test-peer"));
     for (case, _) in rdma::client::hostile::CASES {
@@ -28,8 +29,13 @@ fn the_test_peer_lists_every_hostile_case() {
 #[test]
 fn the_package_installs_no_test_peer() {
     let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();
-    assert!(manifest.contains("target/release/valkey-rdma-cli"));
-    assert!(!manifest.contains("valkey-rdma-test-peer"), "Cargo.toml's deb assets name the test peer");
+    // the packages' sections: [package.metadata.deb] and [package.metadata.generate-rpm…]
+    let packaging: String =
+        manifest.split("\n[").filter(|section| section.starts_with("package.metadata")).collect::<Vec<_>>().join("\n[");
+    assert!(packaging.contains("target/release/valkey-rdma-cli"), "{packaging}");
+    assert!(!packaging.contains("valkey-rdma-test-peer"), "the packages' assets name the test peer");
+    // and the test peer is built only with the test bed's feature
+    assert!(manifest.contains("name = \"valkey-rdma-test-peer\"\nrequired-features = [\"test-hooks\"]"));
 }
 
 #[test]

@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod cluster_check;
+#[cfg(feature = "test-hooks")]
 pub mod hostile;
 pub mod idle;
 pub mod metrics;
@@ -384,6 +385,7 @@ impl RdmaStream {
         self.flush_control()
     }
 
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn endpoint(&mut self) -> &mut Endpoint {
         &mut self.d.nic
     }

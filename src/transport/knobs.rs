@@ -4,6 +4,9 @@
 //! variable `VALKEY_RDMA_TEST`: a comma-separated list of `name` or `name=N`, e.g.
 //! `VALKEY_RDMA_TEST=fail-migrate=1,completion-budget=2`. Unset in production; an
 //! unknown name is refused at load, so a typo in a test cannot pass silently.
+//!
+//! Only the `test-hooks` build (the test bed's) has them: without it every knob is off
+//! at compile time, and a module loaded with `VALKEY_RDMA_TEST` set refuses to load.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -64,9 +67,15 @@ pub(crate) fn parse(spec: &str) -> Result<Vec<(Knob, u64)>, UnknownKnob> {
 }
 
 /// Sets the knobs from the environment (at load).
-pub(crate) fn init_from_env() -> Result<(), UnknownKnob> {
+pub(crate) fn init_from_env() -> Result<(), String> {
     let Some(spec) = std::env::var_os("VALKEY_RDMA_TEST") else { return Ok(()) };
-    for (knob, n) in parse(&spec.to_string_lossy())? {
+    let knobs = parse(&spec.to_string_lossy()).map_err(|e| e.to_string())?;
+    if !cfg!(feature = "test-hooks") {
+        return Err(
+            "VALKEY_RDMA_TEST is set, but this build has no test knobs (cargo build --features test-hooks)".into()
+        );
+    }
+    for (knob, n) in knobs {
         VALUES[knob as usize].store(n, Relaxed);
         log::warn!("RDMA: test knob {knob:?}={n} is set (VALKEY_RDMA_TEST); never in production");
     }
@@ -74,13 +83,27 @@ pub(crate) fn init_from_env() -> Result<(), UnknownKnob> {
 }
 
 /// The knob's value, if set.
+#[cfg(feature = "test-hooks")]
 pub(crate) fn value(knob: Knob) -> Option<u64> {
     Some(VALUES[knob as usize].load(Relaxed)).filter(|v| *v > 0)
 }
 
 /// For a knob that fires N times: whether it fires now (and counts it).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn fire(knob: Knob) -> bool {
     VALUES[knob as usize].fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1)).is_ok()
+}
+
+/// No knob is ever set in a build without test hooks.
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) fn value(_: Knob) -> Option<u64> {
+    None
+}
+
+/// No knob ever fires in a build without test hooks.
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) fn fire(_: Knob) -> bool {
+    false
 }
 
 #[cfg(test)]
@@ -101,6 +124,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "test-hooks")]
     fn a_knob_fires_as_many_times_as_set() {
         VALUES[Knob::FailAccept as usize].store(2, Relaxed);
         assert!(fire(Knob::FailAccept));

@@ -101,6 +101,10 @@ pub struct EndpointConfig {
 
 pub use crate::protocol::driver::Completion;
 
+/// What only the test peer (`client::hostile`) does with an endpoint.
+#[cfg(feature = "test-hooks")]
+mod test_peer;
+
 /// The verbs objects of one connection. Field order is drop order, the reverse of
 /// creation: the QP first (nothing can use the rest after it), then the id, the
 /// regions, the buffers they cover, the completion queue and last the domain.
@@ -134,7 +138,8 @@ pub struct Endpoint {
     /// the peer's RX buffer.
     tx_len_wanted: u32,
     /// False only for the test peer that keeps the server's writes waiting
-    /// ([`stop_reposting_receives`](Self::stop_reposting_receives)).
+    /// (`stop_reposting_receives`).
+    #[cfg(feature = "test-hooks")]
     repost_receives: bool,
     /// Data writes posted since the last [`release_idle_tx`](Endpoint::release_idle_tx).
     writes_since_idle_check: u64,
@@ -265,6 +270,7 @@ impl Endpoint {
             rx_iova: 0,
             tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
             tx_len_wanted: 0,
+            #[cfg(feature = "test-hooks")]
             repost_receives: true,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
@@ -401,6 +407,14 @@ impl Endpoint {
             return Err(VerbsError::last(VerbsOp::PostRecv));
         }
         Ok(())
+    }
+
+    /// Whether a receive that completed is posted again (always, but in the test peer).
+    fn reposts_receives(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return self.repost_receives;
+        #[cfg(not(feature = "test-hooks"))]
+        true
     }
 
     fn qp(&self) -> *mut ibv_qp {
@@ -626,12 +640,6 @@ impl Endpoint {
         self.rx_iova = new.iova;
     }
 
-    /// Control messages posted and not yet completed. Control sends are signalled, and a
-    /// completed send was acknowledged by the peer's device: 0 means every one arrived.
-    pub fn control_in_flight(&self) -> usize {
-        self.depths.tx_slots() - self.free_tx_slots.len()
-    }
-
     /// Whether the send queue can take a data write now.
     pub fn can_write(&self) -> bool {
         self.data_wr_room() > 0
@@ -642,12 +650,12 @@ impl Endpoint {
     /// one RDMA_WRITE_WITH_IMM of `len` bytes, after plain RDMA_WRITEs for the chunks
     /// beyond the first two ([`tx_plan`]).
     pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
-        self.post_write_imm(offset, parts, len, remote_addr, rkey, len)
+        self.write_with_imm(offset, parts, len, remote_addr, rkey, len)
     }
 
-    /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
-    /// peer (`client::hostile`) sends an immediate that differs from the length.
-    pub fn post_write_imm(
+    /// As [`post_write`](Self::post_write) with an explicit immediate (the test peer's
+    /// `post_write_imm` sends one that differs from the length).
+    fn write_with_imm(
         &mut self,
         offset: u32,
         parts: &[&[u8]],
@@ -724,39 +732,6 @@ impl Endpoint {
         self.post_send_chain(wrs, 0, false)
     }
 
-    /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
-    /// the test peer uses this, to send malformed control messages.
-    pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
-        if bytes.len() > buf.len() {
-            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
-        }
-        // SAFETY: the test peer owns its TX buffer; nothing else is in flight from it.
-        unsafe { buf.copy_in(0, bytes) };
-        // A client's TX buffer is one chunk: one scatter entry.
-        let mut sge = self.tx_sge(0, bytes.len() as u32)?;
-        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        self.post_send(&mut wr, 0, true)
-    }
-
-    /// Reads `len` bytes of the peer's memory at `remote_addr` with `rkey` into the TX
-    /// buffer (one IBV_WR_RDMA_READ). Only the test peer uses this: the protocol never
-    /// reads, so a server's buffers must refuse it (docs/protocol.md §6).
-    pub fn post_read_raw(&mut self, remote_addr: u64, rkey: u32, len: u32) -> Result<()> {
-        let mut sge = self.tx_sge(0, len)?;
-        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
-        wr.wr.rdma = rdma_t { remote_addr, rkey };
-        self.post_send(&mut wr, 0, true)
-    }
-
     /// Consumes a pending notification of the completion channel (if any), re-arms
     /// the CQ and polls up to `budget` completions, handing each that concerns the
     /// protocol to `f`. Receives are re-posted and send slots recycled here. Returns
@@ -799,13 +774,13 @@ impl Endpoint {
                 let off = slot * CONTROL_MESSAGE_LEN;
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 self.ctrl_buf.copy_out(off, &mut bytes);
-                if self.repost_receives {
+                if self.reposts_receives() {
                     self.post_recv(slot)?;
                 }
                 f(Completion::Control { bytes, len: wc.byte_len });
             }
             ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
-                if self.repost_receives {
+                if self.reposts_receives() {
                     self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
                 }
                 f(Completion::Data { imm: wc.imm });
@@ -853,28 +828,6 @@ impl Endpoint {
         // SAFETY: `self` is consumed: nothing posts to the QP again.
         unsafe { self.destroy_qp() };
         self.id.disconnect();
-    }
-
-    /// From here on a receive that completes is not posted again: once the posted ones
-    /// are used up, the peer's sends and writes with immediate wait for a receive (RNR)
-    /// and, with the infinite RNR retry this project's client asks for, stay in flight.
-    /// Only the test peer (`client::hostile`, case `grow-in-flight`) uses this.
-    pub fn stop_reposting_receives(&mut self) {
-        self.repost_receives = false;
-    }
-
-    /// Moves the queue pair to the error state without telling the peer: from here
-    /// on it answers nothing, as a crashed host or a pulled cable would. Only the test
-    /// peer (`client::hostile`, case `vanish`) uses this.
-    pub fn fall_silent(&mut self) -> Result<()> {
-        // SAFETY: all-zero is a valid ibv_qp_attr (plain integers).
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        // SAFETY: the QP is live; only the state is changed (the mask says so).
-        if unsafe { (loaded().ibv_modify_qp)(self.qp(), &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) } != 0 {
-            return Err(VerbsError::last(VerbsOp::ModifyQp));
-        }
-        Ok(())
     }
 }
 

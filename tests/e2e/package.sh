@@ -37,6 +37,15 @@ case_installed_doctor() {  # /usr/bin/valkey-rdma-cli doctor: no FAIL
     expect_eq "doctor exit status" "$rc" 0
 }
 
+case_no_test_hooks() {  # the packaged module is built without test hooks: VALKEY_RDMA_TEST makes it refuse to load
+    if VALKEY_RDMA_TEST=fail-accept=1 start_server hooks "$VALKEY_912/src/valkey-server" --loadmodule "$INSTALLED" \
+        --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ > /dev/null; then
+        fail "the packaged module loaded with VALKEY_RDMA_TEST set"; return 1
+    fi
+    grep "test knobs" "$SERVER_LOG" | sed 's/^/# log: /'
+    grep -q "this build has no test knobs" "$SERVER_LOG"
+}
+
 run_case "package: valkey-9.1.2 loads $INSTALLED" case_installed_module "$VALKEY_912"
 run_case "package: valkey-8.1.1 loads $INSTALLED" case_installed_module "$VALKEY_811"
 run_case "package: valkey.conf including the drop-in $DROPIN" case_dropin
@@ -44,4 +53,5 @@ if [ -n "${RPM_MODULE:-}" ]; then
     run_case "package: valkey-9.1.2 loads the RPM's rdma.so (scratch root)" case_installed_module "$VALKEY_912" "$RPM_MODULE"
 fi
 run_case "package: the installed doctor" case_installed_doctor
+run_case "package: the packaged module has no test hooks (VALKEY_RDMA_TEST refused)" case_no_test_hooks
 summary
