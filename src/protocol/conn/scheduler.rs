@@ -1,0 +1,287 @@
+//! The handler scheduler: which server handler runs when (docs/server-abi.md §4.1,
+//! §4.3-§4.5), the handlers installed, the IO threads' postpone mask, and `ct->close`.
+
+use super::*;
+
+/// The stages a run walks through (docs/server-abi.md §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The read handler, again while unread bytes remain and each call consumed some.
+    ReadLoop,
+    /// The write handler once, if it is due (window, send queue, not postponed).
+    WriteIfDue,
+    /// The read handler once (it learns EOF or the error).
+    ReadOnce,
+    /// The write handler once, window or not (it learns the error too).
+    WriteOnce,
+}
+
+/// What a run was started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Accepting/Established: read loop and write handler (write first with a barrier).
+    Live,
+    /// PeerClosed with unread bytes: read them (the read loop only).
+    Drain,
+    /// Failed, or PeerClosed with nothing unread: tell the server, once.
+    Final,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    plan: Plan,
+    stages: [Option<Stage>; 2],
+    at: usize,
+    read_calls: u32,
+    /// The last read-handler call consumed bytes.
+    last_read_progressed: bool,
+    /// Some read-handler call of this run consumed bytes.
+    read_progressed: bool,
+    /// Some write-handler call of this run moved bytes.
+    wrote: bool,
+    /// The handler being called and the byte counter before it.
+    calling: Option<(Handler, u64)>,
+}
+
+impl Conn {
+    // ----- handlers and IO threads -------------------------------------------------
+
+    /// `set_read_handler`: only stored (docs/server-abi.md §4.1); then ask
+    /// [`wants_pending`](Self::wants_pending).
+    pub fn set_read_handler(&mut self, installed: bool) {
+        self.read_handler = installed;
+    }
+
+    /// `set_write_handler` with its barrier flag (AE_BARRIER: write before read).
+    pub fn set_write_handler(&mut self, installed: bool, barrier: bool) {
+        self.write_handler = installed;
+        self.barrier = barrier;
+    }
+
+    /// `postpone_update_state` (docs/server-abi.md §4.5), from an IO thread or the main
+    /// thread. The server sets the mask (often to none) before `update_state`.
+    pub fn postpone(&mut self, mask: Postpone) {
+        self.postponed = mask;
+    }
+
+    /// `update_state`: the IO thread is done. Only says whether something became due
+    /// meanwhile; handlers never run from here (`sync_handlers_in_update_state = 0`).
+    pub fn update_state(&self, sq_room: bool) -> bool {
+        self.wants_pending(sq_room)
+    }
+
+    /// What decides the pending question before any handler rule, for both
+    /// [`wants_pending`](Self::wants_pending) and a run's end: a closed connection
+    /// never, completions left by a budgeted poll always, an unaccepted one never.
+    fn pending_decided(&self) -> Option<bool> {
+        if self.state == State::Closed {
+            Some(false)
+        } else if self.completions_left {
+            Some(true)
+        } else if !self.accepted {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// `queue_if_due`: must the connection go on the pending list, outside a run
+    /// (after `set_*_handler`, `update_state`, a CM event, the keepalive tick, or any
+    /// input made outside a handler)? The server must learn the end (a handler can
+    /// run), the read handler has unread bytes, or the write handler is due. Postponed
+    /// handlers are not due: `update_state` asks again.
+    pub fn wants_pending(&self, sq_room: bool) -> bool {
+        if let Some(decided) = self.pending_decided() {
+            return decided;
+        }
+        if self.terminal_due() {
+            return self.terminal_runnable();
+        }
+        (self.read_runnable() && self.session.rx.has_unread()) || self.write_due(sq_room)
+    }
+
+    // ----- one run (docs/server-abi.md §4.1, §4.3) ---------------------------------
+
+    /// Starts one run: the completion fd fired (after its completions were fed in), or
+    /// `process_pending_data` popped the connection. What the run does is decided here:
+    /// - Failed, or the peer left and nothing is unread: the read handler once, then
+    ///   the write handler once: `read` (or `write`) fails and the server frees the
+    ///   client;
+    /// - the peer left with unread bytes: the read loop only (they come before EOF);
+    /// - live: the read loop and the write handler if due; with a write barrier the
+    ///   write handler first, as ae's AE_BARRIER does.
+    ///
+    /// A run during which the connection ends (a failed post, the peer's last bytes
+    /// read) continues as a final one.
+    ///
+    /// Nothing runs before `ct->accept` or after close.
+    pub fn begin_run(&mut self) {
+        if self.state == State::Closed || !self.accepted {
+            self.run = None;
+            return;
+        }
+        let plan = if self.terminal_due() {
+            Plan::Final
+        } else if self.state == State::PeerClosed {
+            Plan::Drain
+        } else {
+            Plan::Live
+        };
+        let stages = match plan {
+            Plan::Live if self.barrier => [Some(Stage::WriteIfDue), Some(Stage::ReadLoop)],
+            Plan::Live => [Some(Stage::ReadLoop), Some(Stage::WriteIfDue)],
+            Plan::Drain => [Some(Stage::ReadLoop), None],
+            Plan::Final => [Some(Stage::ReadOnce), Some(Stage::WriteOnce)],
+        };
+        self.run = Some(Run {
+            plan,
+            stages,
+            at: 0,
+            read_calls: 0,
+            last_read_progressed: false,
+            read_progressed: false,
+            wrote: false,
+            calling: None,
+        });
+    }
+
+    /// Whether the state still belongs to the run's plan (the read loop stops when it
+    /// changes, e.g. a failed post while reading).
+    fn same_plan(&self, plan: Plan) -> bool {
+        match plan {
+            Plan::Live => self.is_live(),
+            Plan::Drain => self.state == State::PeerClosed,
+            Plan::Final => self.state != State::Closed,
+        }
+    }
+
+    /// The next handler to call in this run, or the end of the run. `sq_room` as for
+    /// [`write`](Self::write).
+    ///
+    /// The read loop goes on while unread bytes remain and the previous call consumed
+    /// some: a call that consumed nothing means an IO thread has the client
+    /// (`readQueryFromClient` returns without reading, docs/server-abi.md §4.5) and
+    /// `update_state` will queue it; not while READ is postponed.
+    pub fn next_step(&mut self, sq_room: bool) -> Step {
+        let Some(mut run) = self.run.take() else {
+            return Step::Done { pending: self.state != State::Closed && self.completions_left };
+        };
+        if self.state == State::Closed {
+            return Step::Done { pending: false };
+        }
+        if run.plan != Plan::Final && self.terminal_due() {
+            // The connection ended during the run (a failed post, an IO thread's write,
+            // or the peer's last bytes consumed): finish as a final run, so the server
+            // learns it now rather than on the next iteration.
+            run.plan = Plan::Final;
+            run.stages = [Some(Stage::ReadOnce), Some(Stage::WriteOnce)];
+            run.at = 0;
+        }
+        while let Some(stage) = run.stages.get(run.at).copied().flatten() {
+            let call = match stage {
+                Stage::ReadLoop => {
+                    let more = run.read_calls == 0 || run.last_read_progressed;
+                    (more && self.read_runnable() && self.session.rx.has_unread() && self.same_plan(run.plan))
+                        .then_some(Handler::Read)
+                }
+                Stage::ReadOnce => self.read_runnable().then_some(Handler::Read),
+                Stage::WriteIfDue => (self.write_due(sq_room) && self.same_plan(run.plan)).then_some(Handler::Write),
+                Stage::WriteOnce => (self.write_handler && !self.postponed.write).then_some(Handler::Write),
+            };
+            let Some(h) = call else {
+                run.at += 1;
+                continue;
+            };
+            if stage != Stage::ReadLoop {
+                run.at += 1;
+            }
+            let before = match h {
+                Handler::Read => {
+                    run.read_calls += 1;
+                    self.bytes_read
+                }
+                Handler::Write => self.bytes_written,
+            };
+            run.calling = Some((h, before));
+            self.depth += 1;
+            self.run = Some(run);
+            return Step::Call(h);
+        }
+        Step::Done { pending: self.pending_after(&run, sq_room) }
+    }
+
+    /// After a run: is the connection due again *because of this run*? Never merely
+    /// because something is due: a handler that made no progress would then spin the
+    /// event loop (the C module's 104 % CPU, docs/server-abi.md §4.3).
+    /// - the connection ended: never (the run became a final one, which told the
+    ///   handlers; if none could run, `set_*_handler`/`update_state` queue it later);
+    /// - the peer left, unread bytes remain and the read handler made progress;
+    /// - the write handler wrote, is still installed and still due (window open, send
+    ///   queue room): a reply of many blocks is written ~64 KiB per call and RDMA has
+    ///   no POLLOUT to call it again (the 3 s-per-piece stall);
+    /// - completions are left from a poll that stopped at its budget.
+    fn pending_after(&self, run: &Run, sq_room: bool) -> bool {
+        if let Some(decided) = self.pending_decided() {
+            return decided;
+        }
+        if self.terminal_due() {
+            return run.plan != Plan::Final && self.terminal_runnable();
+        }
+        if self.state == State::PeerClosed {
+            return run.read_progressed && self.read_runnable();
+        }
+        run.wrote && self.write_due(sq_room)
+    }
+
+    /// A handler returned (the run's, or the accept handler entered with
+    /// [`enter_handler`](Self::enter_handler)). Records whether a run's handler made
+    /// progress, and implements connhelpers.h `callHandler`: a close requested inside
+    /// frees the connection once the outermost handler returns.
+    pub fn handler_returned(&mut self) -> AfterHandler {
+        debug_assert!(self.depth > 0, "handler_returned without a handler");
+        self.depth = self.depth.saturating_sub(1);
+        if let Some(run) = self.run.as_mut() {
+            if let Some((h, before)) = run.calling.take() {
+                match h {
+                    Handler::Read => {
+                        run.last_read_progressed = self.bytes_read != before;
+                        run.read_progressed |= run.last_read_progressed;
+                    }
+                    Handler::Write => run.wrote |= self.bytes_written != before,
+                }
+            }
+        }
+        if self.state != State::Closed {
+            return AfterHandler::Continue;
+        }
+        self.run = None;
+        if self.depth == 0 && !self.freed {
+            self.freed = true;
+            AfterHandler::FreeNow
+        } else {
+            AfterHandler::Closed
+        }
+    }
+
+    /// A handler outside a run is about to be called (the accept handler of
+    /// `ct->accept`); pair it with [`handler_returned`](Self::handler_returned).
+    pub fn enter_handler(&mut self) {
+        self.depth += 1;
+    }
+
+    /// `ct->close` (or the client dropping its stream): Closed from any state. Safe to
+    /// call more than once: only the first unregisters, and the connection is freed
+    /// exactly once, now or when the outermost handler returns
+    /// (docs/server-abi.md §4.4).
+    pub fn close(&mut self) -> CloseOutcome {
+        let unregister = self.state != State::Closed;
+        self.state = State::Closed;
+        self.control.clear();
+        let free_now = self.depth == 0 && !self.freed;
+        if free_now {
+            self.freed = true;
+            self.run = None;
+        }
+        CloseOutcome { unregister, free_now }
+    }
+}
