@@ -1,0 +1,258 @@
+//! The TX side of an endpoint: the buffer that mirrors the peer's RX buffer,
+//! registered chunk by chunk, one write as a chain of work requests, and the buffers
+//! retired until the writes that read them completed (docs/protocol.md §2, §4.3).
+
+use std::mem::MaybeUninit;
+
+use rdma_sys::*;
+
+use super::{Endpoint, Result, VerbsError, VerbsOp};
+use crate::verbs::mr::MemoryRegion;
+use crate::verbs::resources::PinnedBuffer;
+use crate::verbs::tx_plan;
+
+impl Endpoint {
+    /// Makes sure the TX buffer has `len` bytes (the peer's RX buffer size): mapped now,
+    /// registered chunk by chunk as writes reach them ([`EndpointConfig::tx_chunk`]).
+    ///
+    /// The old buffer may still be read by the NIC: a peer may re-register before our
+    /// last writes into its old buffer completed on our side (a retransmission reads
+    /// them again), and a hostile one may do it at any time. So it is not freed here but
+    /// retired until the send queue has completed every work request posted so far
+    /// ([`TxBuffers`], docs/protocol.md §4.3).
+    pub fn ensure_tx(&mut self, len: u32) -> Result<()> {
+        if self.tx.current().is_some_and(|r| r.buf.len() >= len as usize) {
+            return Ok(());
+        }
+        let buf = PinnedBuffer::new(len as usize)?;
+        let chunk = (self.tx_chunk as usize).min(buf.len());
+        let chunks = (0..buf.len().div_ceil(chunk)).map(|_| None).collect();
+        self.tx
+            .replace(Some(TxRegion { chunks, buf, chunk }))
+            .map_err(|_| VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS))
+    }
+
+    /// How many bytes a write landing at `offset` of the peer's window (mirrored in the
+    /// TX buffer) may carry at most: as many chunks as the send queue's free entries
+    /// can take, two per work request, up to [`tx_plan::MAX_WRS_PER_WRITE`] requests
+    /// (docs/protocol.md §4.3).
+    pub fn tx_write_limit(&self, offset: u32) -> u32 {
+        let wrs = self.data_wr_room().min(tx_plan::MAX_WRS_PER_WRITE as u64) as usize;
+        tx_plan::write_limit(offset, self.tx_chunk, wrs)
+    }
+
+    /// Send-queue entries a data write may use now.
+    pub(super) fn data_wr_room(&self) -> u64 {
+        self.sq_room().saturating_sub(self.depths.reserved_for_control())
+    }
+
+    /// The scatter entry for `len` bytes of the TX buffer at `offset`, all in one chunk,
+    /// registering that chunk if no write reached it before.
+    pub(super) fn tx_sge(&mut self, offset: u32, len: u32) -> Result<ibv_sge> {
+        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let (i, at) = (offset as usize / region.chunk, offset as usize % region.chunk);
+        let start = i * region.chunk;
+        let chunk_len = region.chunk.min(region.buf.len().saturating_sub(start));
+        if i >= region.chunks.len() || at + len as usize > chunk_len {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
+        }
+        // SAFETY: offset + len lies inside the TX buffer (checked above).
+        let addr = unsafe { region.buf.as_ptr().add(offset as usize) } as u64;
+        let lkey = match &region.chunks[i] {
+            Some(mr) => mr.lkey(),
+            None => {
+                // SAFETY: the chunk lies inside the TX buffer, which the region keeps
+                // mapped until its chunks' regions are dropped (TxRegion's field order).
+                let mr = unsafe { self.pd()?.register_local(region.buf.as_ptr().add(start), chunk_len)? };
+                let lkey = mr.lkey();
+                if let Some(r) = self.tx.current_mut() {
+                    r.chunks[i] = Some(mr);
+                }
+                lkey
+            }
+        };
+        Ok(ibv_sge { addr, length: len, lkey })
+    }
+
+    /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
+    /// write (on demand: a connection that only reads pins none). One that is too small
+    /// is retired now, as in [`ensure_tx`](Self::ensure_tx). Err (how many are held)
+    /// when `MAX_RETIRED` (4) retired buffers still wait for their writes: a peer that
+    /// keeps our writes from completing and enlarges its window again and again would
+    /// otherwise make us pin a buffer per step (docs/protocol.md §6).
+    pub fn set_tx_len(&mut self, len: u32) -> std::result::Result<(), usize> {
+        self.tx_len_wanted = len;
+        if self.tx.current().is_some_and(|r| r.buf.len() < len as usize) {
+            self.tx.replace(None)?;
+        }
+        Ok(())
+    }
+
+    /// Once per keepalive tick, before the Keepalive (if any) is posted
+    /// (docs/protocol.md §5). In this order, since each step reads what the one before
+    /// left:
+    /// - `unacknowledged_ticks`: the ticks in a row at which sends were in flight and
+    ///   none completed ([`TxBuffers::tick`]); the core decides what that means;
+    /// - `busy_and_acknowledged`: data writes were posted since the last tick and some
+    ///   send completed in it, so the peer is alive and needs no Keepalive now;
+    /// - `released_tx`: the TX buffer [`release_idle_tx`](Self::release_idle_tx) gave
+    ///   up (it starts the next period's write count).
+    pub fn keepalive_tick(&mut self) -> KeepaliveTick {
+        let unacknowledged_ticks = self.tx.tick();
+        let busy_and_acknowledged = self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick();
+        let released_tx = self.release_idle_tx();
+        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, released_tx }
+    }
+
+    /// Frees the TX buffer of a connection that posted no data write since the last
+    /// call and whose send queue has completed everything (so the NIC reads none of
+    /// it); the next write makes a new one. Called on every keepalive tick *before*
+    /// the Keepalive is posted, so the previous tick's signalled Keepalive has told us
+    /// that the writes before it completed: an idle connection's TX buffer goes after
+    /// two ticks. Returns the buffer, for the caller to free off the event loop.
+    pub(super) fn release_idle_tx(&mut self) -> Option<ReleasedTx> {
+        let idle = self.writes_since_idle_check == 0;
+        self.writes_since_idle_check = 0;
+        if !idle || self.tx_len_wanted == 0 {
+            return None;
+        }
+        self.tx.release_if_quiet().map(ReleasedTx)
+    }
+
+    /// Whether the send queue can take a data write now.
+    pub fn can_write(&self) -> bool {
+        self.data_wr_room() > 0
+    }
+
+    /// Copies the first `len` bytes of `parts` (in order) into the TX buffer at
+    /// `offset` and writes them to `remote_addr + offset` as one write for the peer:
+    /// one RDMA_WRITE_WITH_IMM of `len` bytes, after plain RDMA_WRITEs for the chunks
+    /// beyond the first two ([`tx_plan`]).
+    pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
+        self.write_with_imm(offset, parts, len, remote_addr, rkey, len)
+    }
+
+    /// As [`post_write`](Self::post_write) with an explicit immediate (the test peer's
+    /// `post_write_imm` sends one that differs from the length).
+    pub(super) fn write_with_imm(
+        &mut self,
+        offset: u32,
+        parts: &[&[u8]],
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<()> {
+        let total = len as usize;
+        if self.tx.current().is_none() && self.tx_len_wanted > 0 {
+            self.ensure_tx(self.tx_len_wanted)?;
+        }
+        self.writes_since_idle_check += 1;
+        let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
+        let mut at = offset as usize;
+        let end = at + total;
+        if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
+        }
+        for p in parts {
+            let k = p.len().min(end - at);
+            // SAFETY: [offset, offset+total) was reserved by the TX window and no posted
+            // work request still reads it (the window only reopens after the peer
+            // consumed); the buffer is written only by the holder of `&mut self`.
+            unsafe { buf.copy_in(at, &p[..k]) };
+            at += k;
+            if at == end {
+                break;
+            }
+        }
+        self.post_write_chain(offset, total as u32, remote_addr, rkey, imm)
+    }
+
+    /// Posts the work requests of one write ([`tx_plan::plan`]) as one chain: plain
+    /// RDMA_WRITEs, the last an RDMA_WRITE_WITH_IMM carrying `imm`. The peer is told
+    /// only by the last one's immediate; on a reliable connection its completion means
+    /// that the bytes of the earlier ones are placed (docs/protocol.md §4.3).
+    pub(super) fn post_write_chain(
+        &mut self,
+        offset: u32,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<()> {
+        let chunk = self.tx.current().map_or(u32::MAX, |r| r.chunk.min(u32::MAX as usize) as u32);
+        let plan = tx_plan::plan(offset, len, chunk).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
+        let n = plan.len();
+        if n as u64 > self.data_wr_room().max(1) {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS));
+        }
+        // Only the requests this write uses are built: most writes are one request, and
+        // zeroing all MAX_WRS_PER_WRITE of them (2.5 KiB with their scatter lists) for
+        // every reply was work no request needed (docs/measurements/write-path-2026-12-02).
+        const MAX: usize = tx_plan::MAX_WRS_PER_WRITE;
+        let mut sges = [const { MaybeUninit::<[ibv_sge; tx_plan::SGES_PER_WR]>::uninit() }; MAX];
+        let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; MAX];
+        let mut built = 0;
+        for planned in plan {
+            let mut list = [ibv_sge { addr: 0, length: 0, lkey: 0 }; tx_plan::SGES_PER_WR];
+            for (sge, p) in list.iter_mut().zip(&planned.pieces[..planned.sges]) {
+                *sge = self.tx_sge(p.offset, p.len)?;
+            }
+            // (indexing panics past MAX, so `built` never exceeds it)
+            let sg_list = sges[built].write(list).as_mut_ptr();
+            // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.sg_list = sg_list;
+            wr.num_sge = planned.sges as i32;
+            wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(planned.offset()), rkey };
+            wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            wrs[built].write(wr);
+            built += 1;
+        }
+        // SAFETY: the first `built` (<= MAX) requests were written in the loop above.
+        let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast::<ibv_send_wr>(), built) };
+        // The last request carries the immediate that tells the peer (plan() yields >= 1).
+        let last = wrs.last_mut().ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
+        last.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        last.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        self.post_send_chain(wrs, 0, false)
+    }
+}
+
+/// What [`Endpoint::keepalive_tick`] found.
+pub struct KeepaliveTick {
+    pub unacknowledged_ticks: u32,
+    pub busy_and_acknowledged: bool,
+    pub released_tx: Option<ReleasedTx>,
+}
+
+/// An idle connection's TX buffer, given up at a keepalive tick when no work request
+/// can read it. Dropping it deregisters its chunks and unmaps it: milliseconds under
+/// Soft-RoCE (the unmap's TLB shootdown, the regions), which ten thousand connections
+/// going idle together would take from the event loop in one tick. So the owner drops
+/// it elsewhere (docs/protocol.md §2, TX buffer).
+pub struct ReleasedTx(TxRegion);
+
+impl ReleasedTx {
+    /// The bytes it had registered.
+    pub fn registered_bytes(&self) -> u64 {
+        self.0.registered_bytes() as u64
+    }
+}
+
+/// The TX buffer: one mapping as long as the peer's RX buffer (offsets mirror it), and
+/// one memory region per `chunk` bytes of it, `None` until a write first reaches that
+/// chunk ([`EndpointConfig::tx_chunk`]). Dropping it deregisters the regions, then
+/// unmaps the buffer (field order); each region keeps the domain until then, also
+/// when a released buffer is freed after its endpoint.
+pub(super) struct TxRegion {
+    pub(super) chunks: Vec<Option<MemoryRegion>>,
+    pub(super) buf: PinnedBuffer,
+    pub(super) chunk: usize,
+}
+
+impl TxRegion {
+    pub(super) fn registered_bytes(&self) -> usize {
+        self.chunks.iter().flatten().map(MemoryRegion::len).sum()
+    }
+}
