@@ -8,6 +8,15 @@ use super::{Endpoint, Result, VerbsError, VerbsOp};
 use crate::verbs::resources::loaded;
 
 impl Endpoint {
+    /// The TX buffer the peer's window asked for, made now (an ordinary write makes it
+    /// at the first write; the raw sends and reads use it before any).
+    fn make_tx(&mut self) -> Result<()> {
+        if self.tx.current().is_none() && self.tx_len_wanted > 0 {
+            self.ensure_tx(self.tx_len_wanted)?;
+        }
+        Ok(())
+    }
+
     /// Control messages posted and not yet completed. Control sends are signalled, and a
     /// completed send was acknowledged by the peer's device: 0 means every one arrived.
     pub fn control_in_flight(&self) -> usize {
@@ -31,6 +40,7 @@ impl Endpoint {
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
     /// the test peer uses this, to send malformed control messages.
     pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.make_tx()?;
         let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
         if bytes.len() > buf.len() {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
@@ -51,6 +61,7 @@ impl Endpoint {
     /// buffer (one IBV_WR_RDMA_READ). Only the test peer uses this: the protocol never
     /// reads, so a server's buffers must refuse it (docs/protocol.md §6).
     pub fn post_read_raw(&mut self, remote_addr: u64, rkey: u32, len: u32) -> Result<()> {
+        self.make_tx()?;
         let mut sge = self.tx_sge(0, len)?;
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
