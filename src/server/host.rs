@@ -231,6 +231,55 @@ impl<T> Drop for Hosted<T> {
     }
 }
 
+/// Server handlers for the transport's unit tests: plain functions of the connection's
+/// key, installed as the C handlers the server would install (no server needed).
+#[cfg(test)]
+pub(crate) mod test_handlers {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// (connection key, handler) → the test's function.
+    type Handlers = HashMap<(usize, usize), fn(usize)>;
+
+    thread_local! {
+        static HANDLERS: RefCell<Handlers> = RefCell::new(HashMap::new());
+    }
+
+    fn slot(which: ServerHandler) -> usize {
+        which as usize
+    }
+
+    fn call(c: *mut Connection, which: ServerHandler) {
+        let key = c as usize;
+        let f = HANDLERS.with(|h| h.borrow().get(&(key, slot(which))).copied());
+        if let Some(f) = f {
+            f(key)
+        }
+    }
+    unsafe extern "C" fn accept(c: *mut Connection) {
+        call(c, ServerHandler::Accept)
+    }
+    unsafe extern "C" fn read(c: *mut Connection) {
+        call(c, ServerHandler::Read)
+    }
+    unsafe extern "C" fn write(c: *mut Connection) {
+        call(c, ServerHandler::Write)
+    }
+
+    /// Installs `f` as the connection's handler `which` (on this thread).
+    pub(crate) fn install<T>(c: &Hosted<T>, which: ServerHandler, f: fn(usize)) {
+        HANDLERS.with(|h| h.borrow_mut().insert((c.key(), slot(which)), f));
+        let trampoline: unsafe extern "C" fn(*mut Connection) = match which {
+            ServerHandler::Accept => accept,
+            ServerHandler::Read => read,
+            ServerHandler::Write => write,
+        };
+        c.install(which, Some(trampoline), None);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,6 +162,27 @@ impl RdmaConnection {
         }
     }
 
+    /// A connection with no endpoint, as one torn down would be: the core, the server's
+    /// half and the module's lists work; the NIC takes nothing (unit tests).
+    #[cfg(test)]
+    pub(crate) fn without_endpoint(rx: RxBuffer) -> RdmaConnection {
+        RdmaConnection {
+            peer: None,
+            local: None,
+            shared_cq: None,
+            own_channel_fd: None,
+            state: Mutex::new(Inner {
+                d: Driver::new(
+                    Conn::new(Role::Server, rx),
+                    ServerNic { ep: None, rx_preparing: None, rx_prepared: None, peer: None },
+                ),
+                completions: Vec::new(),
+                handshake: None,
+                watch: None,
+            }),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -563,5 +584,146 @@ pub(crate) fn accept_cm(c: &HostedConn, params: crate::verbs::ConnParams) -> Res
     match c.inner.lock().d.nic.ep.as_ref() {
         Some(ep) => ep.id().accept(params),
         None => Err(crate::verbs::VerbsError::with(crate::verbs::VerbsOp::Accept, libc::ENOTCONN)),
+    }
+}
+
+/// The transport's glue around the core, driven through the server's half of a
+/// connection with test handlers in place of the server's (no server, no RDMA): accept,
+/// a close inside a handler, the pending list.
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::server::host::test_handlers;
+    use crate::server::{Hosted, Transport};
+
+    /// The live set and the pending list are the module's: one test at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    thread_local! {
+        static CONNS: RefCell<HashMap<usize, Arc<HostedConn>>> = RefCell::new(HashMap::new());
+        static CALLS: RefCell<Vec<(usize, &'static str)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn serial() -> MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A live connection (as `listener.rs` makes it live), ESTABLISHED, with `unread`
+    /// bytes received; accepted by the server (with no accept handler) if `accepted`.
+    fn connection(unread: u32, accepted: bool) -> Arc<HostedConn> {
+        let c = Hosted::new(RdmaConnection::without_endpoint(RxBuffer { addr: 0x1000, len: 4096, key: 7 }))
+            .expect("an eventfd");
+        CONNS.with(|m| m.borrow_mut().insert(c.key(), c.clone()));
+        live::insert(&c);
+        let mut g = c.inner.lock();
+        g.d.core.on_established();
+        if unread > 0 {
+            g.d.core.on_data(unread).expect("inside the RX window");
+        }
+        drop(g);
+        if accepted {
+            assert!(accept(&c));
+        }
+        c
+    }
+
+    fn by_key(key: usize) -> Arc<HostedConn> {
+        CONNS.with(|m| m.borrow()[&key].clone())
+    }
+    fn record(key: usize, what: &'static str) {
+        CALLS.with(|c| c.borrow_mut().push((key, what)));
+    }
+    fn calls() -> Vec<(usize, &'static str)> {
+        CALLS.with(|c| std::mem::take(&mut *c.borrow_mut()))
+    }
+    fn is_live(c: &HostedConn) -> bool {
+        live::get(c.key()).is_some()
+    }
+
+    fn accept_and_return(key: usize) {
+        record(key, "accept");
+    }
+    fn accept_and_close(key: usize) {
+        record(key, "accept");
+        close(&by_key(key));
+    }
+    fn read_and_close(key: usize) {
+        record(key, "read");
+        close(&by_key(key));
+    }
+    /// A read handler that reads nothing (the server's, with its query buffer full).
+    fn read_nothing(key: usize) {
+        record(key, "read");
+    }
+    /// A read handler whose connection is queued again from inside it.
+    fn read_and_requeue(key: usize) {
+        record(key, "read");
+        pending::push(&by_key(key));
+    }
+
+    #[test]
+    fn accept_calls_the_accept_handler_once_with_the_connection_connected() {
+        let _s = serial();
+        let c = connection(0, false);
+        test_handlers::install(&*c, ServerHandler::Accept, accept_and_return);
+        assert!(accept(&c));
+        assert_eq!(calls(), [(c.key(), "accept")]);
+        assert_eq!(c.inner.lock().d.core.server_state(), ServerState::Connected);
+        assert!(is_live(&c));
+        close(&c);
+        assert!(!is_live(&c));
+        assert_eq!(c.inner.lock().d.core.server_state(), ServerState::Closed);
+    }
+
+    #[test]
+    fn a_close_inside_the_accept_handler_frees_the_connection_once_it_returns() {
+        let _s = serial();
+        let c = connection(0, false);
+        test_handlers::install(&*c, ServerHandler::Accept, accept_and_close);
+        assert!(!accept(&c), "the server must not use a connection its accept handler closed");
+        assert_eq!(calls(), [(c.key(), "accept")]);
+        assert!(!is_live(&c));
+        // a second close (the server's, say) changes nothing
+        close(&c);
+        assert_eq!(c.inner.lock().d.core.server_state(), ServerState::Closed);
+    }
+
+    #[test]
+    fn a_close_inside_the_read_handler_ends_the_run_and_no_handler_runs_again() {
+        let _s = serial();
+        let c = connection(10, true);
+        test_handlers::install(&*c, ServerHandler::Read, read_and_close);
+        set_handlers(&c, true, false, false);
+        run(&c);
+        assert_eq!(calls(), [(c.key(), "read")], "called once, though 10 bytes stay unread");
+        assert!(!is_live(&c));
+        run(&c);
+        assert_eq!(calls(), [], "no handler after close");
+    }
+
+    #[test]
+    fn the_pending_list_runs_each_queued_connection_once_per_turn() {
+        let _s = serial();
+        let (a, b) = (connection(5, true), connection(5, true));
+        test_handlers::install(&*a, ServerHandler::Read, read_nothing);
+        test_handlers::install(&*b, ServerHandler::Read, read_and_requeue);
+        // installing a read handler with unread bytes queues the connection: no fd
+        // event will come for bytes that already arrived
+        set_handlers(&a, true, false, false);
+        set_handlers(&b, true, false, false);
+        assert!(RdmaConnection::has_pending());
+        RdmaConnection::process_pending();
+        assert_eq!(calls(), [(a.key(), "read"), (b.key(), "read")]);
+        // `b` queued itself again from its handler: the next turn, not this one
+        assert!(RdmaConnection::has_pending());
+        RdmaConnection::process_pending();
+        assert_eq!(calls(), [(b.key(), "read")]);
+        for c in [&a, &b] {
+            close(c);
+        }
+        assert!(!RdmaConnection::has_pending(), "a closed connection leaves the pending list");
     }
 }
