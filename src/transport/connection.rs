@@ -11,8 +11,9 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
-use super::stats::{self, STATS};
-use super::worker::{self, Slot};
+use super::stats;
+use super::worker::Slot;
+use super::MODULE;
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{
     AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, WriteGrant,
@@ -76,8 +77,8 @@ impl Nic for ServerNic {
     fn post_control(&mut self, msg: &ControlMessage) -> Result<(), LocalError> {
         self.ep.as_mut().ok_or(TORN_DOWN)?.post_control(msg)?;
         match msg {
-            ControlMessage::RegisterXferMemory { .. } => stats::add(&STATS.rx_registrations_sent, 1),
-            ControlMessage::Keepalive => stats::add(&STATS.keepalives_sent, 1),
+            ControlMessage::RegisterXferMemory { .. } => stats::add(&MODULE.stats.rx_registrations_sent, 1),
+            ControlMessage::Keepalive => stats::add(&MODULE.stats.keepalives_sent, 1),
             _ => {}
         }
         Ok(())
@@ -91,7 +92,7 @@ impl Nic for ServerNic {
         }
     }
     fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused> {
-        stats::add(&STATS.rx_registrations_received, 1);
+        stats::add(&MODULE.stats.rx_registrations_received, 1);
         match self.ep.as_mut() {
             Some(ep) => Nic::peer_rx_registered(ep, len, resized),
             None => Ok(()),
@@ -102,8 +103,8 @@ impl Nic for ServerNic {
     }
     fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Nic::post_write(self.ep.as_mut().ok_or(TORN_DOWN)?, grant, parts)?;
-        stats::add(&STATS.bytes_out, grant.len.into());
-        stats::add(&STATS.writes_out, 1);
+        stats::add(&MODULE.stats.bytes_out, grant.len.into());
+        stats::add(&MODULE.stats.writes_out, 1);
         Ok(())
     }
     fn rx_prepared(&mut self) -> Option<Option<RxBuffer>> {
@@ -124,13 +125,13 @@ impl Nic for ServerNic {
     }
     fn prepare_rx(&mut self, len: u32) -> bool {
         let Some(job) = self.ep.as_ref().and_then(|ep| ep.rx_preparation(len)) else { return false };
-        self.rx_preparing = Some(Slot::spawn(&worker::PREPARE, move || job.run()));
+        self.rx_preparing = Some(Slot::spawn(&MODULE.workers.prepare, move || job.run()));
         true
     }
     fn install_prepared_rx(&mut self) {
         if let (Some(ep), Some(new)) = (self.ep.as_mut(), self.rx_prepared.take()) {
             ep.install_rx(new);
-            stats::add(&STATS.rx_grown, 1);
+            stats::add(&MODULE.stats.rx_grown, 1);
         }
     }
 }
@@ -217,10 +218,10 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
     if let Some(f) = failed {
         match &f {
             Failure::Protocol(v) => stats::violation(v),
-            Failure::WorkRequest { .. } => stats::add(&STATS.work_request_errors, 1),
-            Failure::Local { .. } => stats::add(&STATS.local_errors, 1),
-            Failure::PeerSilent { .. } => stats::add(&STATS.peers_silent, 1),
-            Failure::HandshakeTimeout { .. } => stats::add(&STATS.handshake_timeouts, 1),
+            Failure::WorkRequest { .. } => stats::add(&MODULE.stats.work_request_errors, 1),
+            Failure::Local { .. } => stats::add(&MODULE.stats.local_errors, 1),
+            Failure::PeerSilent { .. } => stats::add(&MODULE.stats.peers_silent, 1),
+            Failure::HandshakeTimeout { .. } => stats::add(&MODULE.stats.handshake_timeouts, 1),
         }
         // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
         // buffer made after the connection was accepted): say what to do.
@@ -248,7 +249,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let (n, failed) = inner.d.read(buf);
     let n = n.ok()?;
     publish(c, inner, failed);
-    stats::add(&STATS.bytes_in, n as u64);
+    stats::add(&MODULE.stats.bytes_in, n as u64);
     Some(n)
 }
 
@@ -282,8 +283,8 @@ pub(crate) fn process_completions(c: &HostedConn) {
         match ep.poll(budget, |c| completions.push(c)) {
             Ok(left) => {
                 core.set_completions_left(left);
-                stats::add(&STATS.completions, completions.len() as u64);
-                stats::add(&STATS.budget_hits, left.into());
+                stats::add(&MODULE.stats.completions, completions.len() as u64);
+                stats::add(&MODULE.stats.budget_hits, left.into());
                 None
             }
             Err(e) => {
@@ -320,9 +321,9 @@ fn with_completions(
     inner.completions.clear();
     let mut failed = take(ep, &mut inner.completions, &mut inner.d.core);
     let writes_in = inner.completions.iter().filter(|c| matches!(c, Completion::Data { .. })).count();
-    stats::add(&STATS.writes_in, writes_in as u64);
+    stats::add(&MODULE.stats.writes_in, writes_in as u64);
     let fed = inner.d.feed(&inner.completions, |r| match r {
-        Received::Keepalive => stats::add(&STATS.keepalives_received, 1),
+        Received::Keepalive => stats::add(&MODULE.stats.keepalives_received, 1),
         // (a peer may send these as fast as it likes: rate-limited like a violation)
         Received::UnsupportedFeatures(f) => super::log_limited_at(
             log::Level::Debug,
@@ -374,10 +375,10 @@ pub(crate) fn keepalive(c: &HostedConn) {
     if let Some(ep) = g.d.nic.ep.as_mut() {
         let t = ep.keepalive_tick();
         if let Some(idle) = t.released_tx {
-            stats::add(&STATS.tx_buffers_released, u64::from(idle.registered_bytes() > 0));
+            stats::add(&MODULE.stats.tx_buffers_released, u64::from(idle.registered_bytes() > 0));
             // (freeing it costs milliseconds under Soft-RoCE, for each connection that
             // went idle at this tick: docs/protocol.md §2)
-            worker::RELEASE.submit(move || drop(idle));
+            MODULE.workers.release.submit(move || drop(idle));
         }
         (silent_ticks, acknowledged) = (t.unacknowledged_ticks, t.busy_and_acknowledged);
     }
@@ -462,7 +463,7 @@ pub(crate) fn run_pending(c: &Arc<HostedConn>) {
 
 /// The completion channel fired.
 pub(crate) fn on_completion_fd(c: &Arc<HostedConn>) {
-    stats::add(&STATS.wakeups, 1);
+    stats::add(&MODULE.stats.wakeups, 1);
     process_completions(c);
     run(c);
 }
@@ -541,11 +542,11 @@ pub(crate) fn teardown(c: &HostedConn) {
     struct Released;
     impl Drop for Released {
         fn drop(&mut self) {
-            STATS.releasing.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            MODULE.stats.releasing.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
-    stats::add(&STATS.releasing, 1);
-    worker::RELEASE.submit(move || {
+    stats::add(&MODULE.stats.releasing, 1);
+    MODULE.workers.release.submit(move || {
         let _done = Released;
         ep.close();
         // (a buffer prepared for it holds its own reference to the protection domain)

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
 
 /// Connections in the handshake from one source address. valkey-benchmark and
 /// libvalkey connect one connection at a time, and a burst of a pool's connections
@@ -70,10 +69,8 @@ impl Counts {
     }
 }
 
-static COUNTS: Mutex<Option<Counts>> = Mutex::new(None);
-
 fn with<R>(f: impl FnOnce(&mut Counts) -> R) -> R {
-    f(super::lock(&COUNTS).get_or_insert_with(Counts::default))
+    f(super::lock(&super::MODULE.handshakes).get_or_insert_with(Counts::default))
 }
 
 /// A connection's place among those in the handshake, given back when it is dropped

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::connection::{self, RdmaConnection};
 use super::knobs::{self, Knob};
-use super::stats::{self, CmEnd, Rejected, STATS};
+use super::stats::{self, CmEnd, Rejected};
+use super::MODULE;
 use super::{global, live, lock, HostedConn};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
@@ -24,24 +25,33 @@ struct ListenEndpoint {
     addr: SocketAddr,
 }
 
-/// Listening endpoints by their channel fd (the fds in `connListener.fd[]`).
-static LISTENING: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>> = Mutex::new(None);
-/// The channel of every accepted connection's id.
-static CONN_EVENTS: OnceLock<EventChannel> = OnceLock::new();
+/// The listeners and the accepted connections' CM channel.
+pub(crate) struct Listeners {
+    /// Listening endpoints by their channel fd (the fds in `connListener.fd[]`).
+    listening: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>>,
+    /// Listening endpoints closed while the server's event loop was still unknown: their
+    /// fds stay open (and watched by the server) until their next event hands us the
+    /// loop, so that a new listener can never reuse a number the server still watches
+    /// (the server panics on EPOLL_CTL_MOD of an fd it believes is another).
+    retired: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>>,
+    /// The channel of every accepted connection's id.
+    conn_events: OnceLock<EventChannel>,
+}
+
+impl Listeners {
+    pub(crate) const fn new() -> Listeners {
+        Listeners { listening: Mutex::new(None), retired: Mutex::new(None), conn_events: OnceLock::new() }
+    }
+}
 /// The key the connections' CM channel is watched with (connection keys are
 /// addresses, never 0).
 pub(crate) const CONN_EVENTS_KEY: usize = 0;
 /// The context of a closed connection's id while it waits to be destroyed: no live
 /// connection has this key (keys are addresses), so its CM events are dropped.
 pub(crate) const NO_CONNECTION_KEY: usize = 0;
-/// Listening endpoints closed while the server's event loop was still unknown: their fds
-/// stay open (and watched by the server) until their next event hands us the loop, so
-/// that a new listener can never reuse a number the server still watches (the server
-/// panics on EPOLL_CTL_MOD of an fd it believes is another).
-static RETIRED: Mutex<Option<HashMap<c_int, Arc<ListenEndpoint>>>> = Mutex::new(None);
 
 fn conn_events() -> Result<&'static EventChannel, VerbsError> {
-    if let Some(ch) = CONN_EVENTS.get() {
+    if let Some(ch) = MODULE.listeners.conn_events.get() {
         return Ok(ch);
     }
     let ch = EventChannel::new()?;
@@ -49,7 +59,7 @@ fn conn_events() -> Result<&'static EventChannel, VerbsError> {
     if crate::server::watch_fd::<RdmaConnection>(ch.fd(), CONN_EVENTS_KEY).is_none() {
         return Err(VerbsError::with(VerbsOp::CreateEventChannel, libc::EINVAL));
     }
-    Ok(CONN_EVENTS.get_or_init(|| ch))
+    Ok(MODULE.listeners.conn_events.get_or_init(|| ch))
 }
 
 /// Explains a failure to set up RDMA in terms an operator can act on.
@@ -144,7 +154,7 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
         log::warn!("RDMA: none of the bind addresses could be used; set rdma-bind to an address of an RDMA device");
         return false;
     }
-    let mut reg = lock(&LISTENING);
+    let mut reg = lock(&MODULE.listeners.listening);
     let reg = reg.get_or_insert_with(HashMap::new);
     listener.count = made.len() as c_int;
     for (i, ep) in made.into_iter().enumerate() {
@@ -157,7 +167,7 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
 
 /// Listening endpoints now (for INFO).
 pub(crate) fn listening_count() -> usize {
-    lock(&LISTENING).as_ref().map_or(0, |r| r.len())
+    lock(&MODULE.listeners.listening).as_ref().map_or(0, |r| r.len())
 }
 
 fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
@@ -165,7 +175,7 @@ fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
 }
 
 fn current_addrs(listener: &crate::server::abi::ConnListener) -> Vec<SocketAddr> {
-    let reg = lock(&LISTENING);
+    let reg = lock(&MODULE.listeners.listening);
     (0..listener.count.max(0) as usize).filter_map(|i| reg.as_ref()?.get(&listener.fd[i]).map(|e| e.addr)).collect()
 }
 
@@ -183,13 +193,13 @@ fn open_endpoint(addr: &SocketAddr) -> Result<ListenEndpoint, VerbsError> {
 /// `ct->closeListener`: unregister the fds from the event loop (the server registered
 /// them) and release the endpoints. Live connections are not affected.
 pub(crate) fn close_listener(listener: &mut crate::server::abi::ConnListener) {
-    let mut reg = lock(&LISTENING);
+    let mut reg = lock(&MODULE.listeners.listening);
     for i in 0..listener.count.max(0) as usize {
         let fd = listener.fd[i];
         let Some(ep) = reg.as_mut().and_then(|r| r.remove(&fd)) else { continue };
         if !symbols::unwatch_listener_fd(fd) {
             log::debug!("RDMA: listener fd {fd} kept open until the server's event loop is known");
-            lock(&RETIRED).get_or_insert_with(HashMap::new).insert(fd, ep.clone());
+            lock(&MODULE.listeners.retired).get_or_insert_with(HashMap::new).insert(fd, ep.clone());
         }
         log::info!("RDMA: stopped listening on {}", ep.addr);
         listener.fd[i] = -1;
@@ -203,7 +213,7 @@ pub(crate) fn on_listener_events(fd: c_int) {
     // Now the loop is known: unwatch every retired listener, then close it (rejecting
     // what is queued on it).
     let retired: Vec<(c_int, Arc<ListenEndpoint>)> =
-        lock(&RETIRED).as_mut().map(|r| r.drain().collect()).unwrap_or_default();
+        lock(&MODULE.listeners.retired).as_mut().map(|r| r.drain().collect()).unwrap_or_default();
     if !retired.is_empty() {
         for (rfd, _) in &retired {
             symbols::unwatch_listener_fd(*rfd);
@@ -215,7 +225,7 @@ pub(crate) fn on_listener_events(fd: c_int) {
             return;
         }
     }
-    let Some(ep) = lock(&LISTENING).as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
+    let Some(ep) = lock(&MODULE.listeners.listening).as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
     for _ in 0..global().accepts_per_cycle {
         let event = match ep.channel.next_event() {
             Ok(Some(e)) => e,
@@ -344,7 +354,7 @@ fn accept_one(id: CmId) {
     if let Some((cq, qp_num)) = c.inner.shared_cq {
         super::shared_cqs::register(cq, qp_num, c.key());
     }
-    stats::add(&STATS.accepted, 1);
+    stats::add(&MODULE.stats.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());
     // The server takes over (it may close the connection inside).
     let probe = c.clone();
@@ -362,7 +372,7 @@ fn accept_one(id: CmId) {
 
 /// The connections' CM channel is readable: ESTABLISHED, DISCONNECTED, …
 pub(crate) fn on_conn_events() {
-    let Some(ch) = CONN_EVENTS.get() else { return };
+    let Some(ch) = MODULE.listeners.conn_events.get() else { return };
     for _ in 0..256 {
         let event = match ch.next_event() {
             Ok(Some(e)) => e,

@@ -48,14 +48,45 @@ pub(crate) struct Global {
     pub(crate) accepts_per_cycle: usize,
 }
 
-static GLOBAL: OnceLock<Global> = OnceLock::new();
+/// Everything the module keeps between the server's calls, in one owner. The server's
+/// callbacks carry no context pointer (a connection's key at most), so this is the one
+/// global they reach it by.
+pub(crate) struct Module {
+    /// Fixed at load (OnLoad), before the connection type is registered.
+    global: OnceLock<Global>,
+    /// Connections not yet closed ([`live`]).
+    live: Mutex<Option<HashMap<usize, Arc<HostedConn>, AddressHash>>>,
+    /// Connections whose handlers must run from `process_pending_data` ([`pending`]).
+    pending: Mutex<Option<KeyedQueue<Arc<HostedConn>>>>,
+    /// The per-connection log lines' rate ([`log_limited`]).
+    log_limit: Mutex<LogLimit>,
+    pub(crate) listeners: listener::Listeners,
+    pub(crate) shared_cqs: Mutex<shared_cqs::Shared>,
+    /// Connections in the handshake, per source and in all.
+    pub(crate) handshakes: Mutex<Option<handshakes::Counts>>,
+    /// What `INFO rdma` counts.
+    pub(crate) stats: stats::Stats,
+    pub(crate) workers: worker::Workers,
+}
+
+pub(crate) static MODULE: Module = Module {
+    global: OnceLock::new(),
+    live: Mutex::new(None),
+    pending: Mutex::new(None),
+    log_limit: Mutex::new(LogLimit::new()),
+    listeners: listener::Listeners::new(),
+    shared_cqs: Mutex::new(shared_cqs::Shared::new()),
+    handshakes: Mutex::new(None),
+    stats: stats::Stats::new(),
+    workers: worker::Workers::new(),
+};
 
 pub(crate) fn init_global(g: Global) {
-    let _ = GLOBAL.set(g);
+    let _ = MODULE.global.set(g);
 }
 
 pub(crate) fn global() -> &'static Global {
-    GLOBAL.get().expect("set in OnLoad before the connection type is registered")
+    MODULE.global.get().expect("set in OnLoad before the connection type is registered")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,27 +129,25 @@ pub(crate) type AddressHash = BuildHasherDefault<AddressHasher>;
 pub(crate) mod live {
     use super::*;
 
-    static LIVE: Mutex<Option<HashMap<usize, Arc<HostedConn>, AddressHash>>> = Mutex::new(None);
-
     pub(crate) fn insert(c: &Arc<HostedConn>) {
-        lock(&LIVE).get_or_insert_with(HashMap::default).insert(c.key(), c.clone());
+        lock(&MODULE.live).get_or_insert_with(HashMap::default).insert(c.key(), c.clone());
     }
     pub(crate) fn remove(c: &HostedConn) {
-        if let Some(m) = lock(&LIVE).as_mut() {
+        if let Some(m) = lock(&MODULE.live).as_mut() {
             m.remove(&c.key());
         }
     }
     pub(crate) fn get(key: usize) -> Option<Arc<HostedConn>> {
-        lock(&LIVE).as_ref()?.get(&key).cloned()
+        lock(&MODULE.live).as_ref()?.get(&key).cloned()
     }
     /// [`get`] of each key, in order, into `out` (cleared first), under one lock.
     pub(crate) fn get_each(keys: impl Iterator<Item = usize>, out: &mut Vec<Option<Arc<HostedConn>>>) {
         out.clear();
-        let live = lock(&LIVE);
+        let live = lock(&MODULE.live);
         out.extend(keys.map(|key| live.as_ref()?.get(&key).cloned()));
     }
     pub(crate) fn snapshot() -> Vec<Arc<HostedConn>> {
-        lock(&LIVE).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        lock(&MODULE.live).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 }
 
@@ -128,10 +157,8 @@ pub(crate) mod live {
 pub(crate) mod pending {
     use super::*;
 
-    static PENDING: Mutex<Option<KeyedQueue<Arc<HostedConn>>>> = Mutex::new(None);
-
     fn with<T>(f: impl FnOnce(&mut KeyedQueue<Arc<HostedConn>>) -> T) -> T {
-        f(lock(&PENDING).get_or_insert_with(KeyedQueue::default))
+        f(lock(&MODULE.pending).get_or_insert_with(KeyedQueue::default))
     }
 
     pub(crate) fn push(c: &Arc<HostedConn>) {
@@ -153,7 +180,7 @@ pub(crate) mod pending {
 /// then closed. A removed key's entry stays in `order` until popped, then is skipped;
 /// the item it holds (an `Arc` of the connection, whose address is the key) keeps the
 /// key from naming anything else meanwhile.
-struct KeyedQueue<T> {
+pub(crate) struct KeyedQueue<T> {
     order: VecDeque<(usize, T)>,
     queued: HashSet<usize>,
 }
@@ -200,7 +227,7 @@ const CONN_LOG_LINES_PER_SEC: u32 = 10;
 /// At most [`CONN_LOG_LINES_PER_SEC`] lines in each second (module-wide), so that a
 /// hostile client cannot flood the server's log; the lines left out are counted and
 /// reported by the next line written. Pure (the time is passed in).
-struct LogLimit {
+pub(crate) struct LogLimit {
     second: Option<Instant>,
     lines: u32,
     suppressed: u64,
@@ -227,8 +254,6 @@ impl LogLimit {
     }
 }
 
-static LOG_LIMIT: Mutex<LogLimit> = Mutex::new(LogLimit::new());
-
 /// Logs a per-connection warning, rate-limited ([`LogLimit`]).
 pub(crate) fn log_limited(msg: std::fmt::Arguments) {
     log_limited_at(log::Level::Warn, msg)
@@ -240,7 +265,7 @@ pub(crate) fn log_limited_at(level: log::Level, msg: std::fmt::Arguments) {
     if level > log::max_level() {
         return;
     }
-    let admitted = lock(&LOG_LIMIT).admit(Instant::now());
+    let admitted = lock(&MODULE.log_limit).admit(Instant::now());
     match admitted {
         None => {}
         Some(0) => log::log!(level, "{msg}"),
@@ -334,7 +359,7 @@ impl Transport for RdmaConnection {
             connected: live.len() as u64,
             pending: pending::len() as u64,
             pinned_bytes: pinned,
-            rx_size: GLOBAL.get().map_or(0, |g| g.settings.rx_size.into()),
+            rx_size: MODULE.global.get().map_or(0, |g| g.settings.rx_size.into()),
             peer_windows: windows,
             rx_windows,
             shared_cqs: shared_cqs::count() as u64,

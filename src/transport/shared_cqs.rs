@@ -15,11 +15,12 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::connection;
 use super::knobs::{self, Knob};
-use super::stats::{self, STATS};
+use super::stats;
+use super::MODULE;
 use super::{live, lock, log_limited, AddressHash, HostedConn, RdmaConnection};
 use crate::verbs::{
     CmId, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion, MAX_SHARED_CQES,
@@ -46,7 +47,7 @@ enum Then {
     Queue,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     cqs: Vec<Arc<SharedCq>>,
     /// Per CQ: the key of the live connection that owns each QP number (QP numbers are
     /// unique per device, and a CQ is on one device).
@@ -55,12 +56,16 @@ struct Shared {
     left: Vec<bool>,
 }
 
-static SHARED: Mutex<Shared> = Mutex::new(Shared { cqs: Vec::new(), owners: Vec::new(), left: Vec::new() });
+impl Shared {
+    pub(crate) const fn new() -> Shared {
+        Shared { cqs: Vec::new(), owners: Vec::new(), left: Vec::new() }
+    }
+}
 
 /// The CQ (by index) whose fd is watched with `key`, if `key` is one of ours.
 pub(crate) fn cq_of_key(key: usize) -> Option<usize> {
     let i = key.checked_sub(FIRST_KEY)?;
-    (i < lock(&SHARED).cqs.len()).then_some(i)
+    (i < lock(&MODULE.shared_cqs).cqs.len()).then_some(i)
 }
 
 /// Builds the endpoint of a new connection on a shared CQ with room for it (made and
@@ -68,13 +73,13 @@ pub(crate) fn cq_of_key(key: usize) -> Option<usize> {
 /// endpoint and the index of its shared CQ.
 pub(crate) fn endpoint(id: CmId, cfg: &EndpointConfig) -> (Result<Endpoint, VerbsError>, Option<usize>) {
     let cqes = QueueDepths::DEFAULT.cqes();
-    let found = lock(&SHARED).cqs.iter().position(|cq| cq.fits(&id, cqes));
+    let found = lock(&MODULE.shared_cqs).cqs.iter().position(|cq| cq.fits(&id, cqes));
     let index = match found {
         Some(i) => Some(i),
         None => add_cq(&id, cfg),
     };
     let Some(i) = index else { return (Endpoint::new(id, cfg), None) };
-    let cq = lock(&SHARED).cqs[i].clone();
+    let cq = lock(&MODULE.shared_cqs).cqs[i].clone();
     if cq.has_retired() {
         // A closed connection's completions may still be queued: look once, so that its
         // QP number is free again (a new QP that drew it would be refused).
@@ -89,7 +94,7 @@ pub(crate) fn endpoint(id: CmId, cfg: &EndpointConfig) -> (Result<Endpoint, Verb
 /// A new shared CQ on the device of `id`, watched by the event loop; `None` when it
 /// cannot be made (the connection then gets a CQ of its own).
 fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
-    let mut s = lock(&SHARED);
+    let mut s = lock(&MODULE.shared_cqs);
     let i = s.cqs.len();
     if i >= MAX_CQS {
         return None;
@@ -120,21 +125,21 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
 
 /// The connection `key` owns QP `qp_num` on CQ `cq`: its completions go to it.
 pub(crate) fn register(cq: usize, qp_num: u32, key: usize) {
-    if let Some(o) = lock(&SHARED).owners.get_mut(cq) {
+    if let Some(o) = lock(&MODULE.shared_cqs).owners.get_mut(cq) {
         o.insert(qp_num, key);
     }
 }
 
 /// The connection is closed: its completions are dropped from now on.
 pub(crate) fn unregister(cq: usize, qp_num: u32) {
-    if let Some(o) = lock(&SHARED).owners.get_mut(cq) {
+    if let Some(o) = lock(&MODULE.shared_cqs).owners.get_mut(cq) {
         o.remove(&qp_num);
     }
 }
 
 /// The fd of CQ `cq` fired.
 pub(crate) fn on_fd(cq: usize) {
-    stats::add(&STATS.wakeups, 1);
+    stats::add(&MODULE.stats.wakeups, 1);
     poll(cq, Then::RunHandlers);
 }
 
@@ -152,16 +157,16 @@ pub(crate) fn drain(cq: usize) {
 
 /// Whether a CQ has completions the budget left.
 pub(crate) fn any_left() -> bool {
-    lock(&SHARED).left.iter().any(|&l| l)
+    lock(&MODULE.shared_cqs).left.iter().any(|&l| l)
 }
 
 /// Polls again each CQ whose last poll the budget stopped; returns how many.
 pub(crate) fn poll_left() -> usize {
     // (called at every turn of the event loop that has pending work: no list is built)
-    let cqs = lock(&SHARED).left.len();
+    let cqs = lock(&MODULE.shared_cqs).left.len();
     let mut polled = 0;
     for i in 0..cqs {
-        if lock(&SHARED).left[i] {
+        if lock(&MODULE.shared_cqs).left[i] {
             poll(i, Then::RunHandlers);
             polled += 1;
         }
@@ -171,14 +176,14 @@ pub(crate) fn poll_left() -> usize {
 
 /// Shared CQs made so far (INFO).
 pub(crate) fn count() -> usize {
-    lock(&SHARED).cqs.len()
+    lock(&MODULE.shared_cqs).cqs.len()
 }
 
 /// One budgeted poll of CQ `cq`: the completions go to their connections' cores, one
 /// lock per connection, in arrival order within each; then each of those connections
 /// runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then) -> bool {
-    let Some(q) = lock(&SHARED).cqs.get(cq).cloned() else { return false };
+    let Some(q) = lock(&MODULE.shared_cqs).cqs.get(cq).cloned() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();
@@ -190,10 +195,10 @@ fn poll(cq: usize, then: Then) -> bool {
             false
         }
     };
-    stats::add(&STATS.completions, s.polled.len() as u64);
-    stats::add(&STATS.budget_hits, left.into());
+    stats::add(&MODULE.stats.completions, s.polled.len() as u64);
+    stats::add(&MODULE.stats.budget_hits, left.into());
     {
-        let mut shared = lock(&SHARED);
+        let mut shared = lock(&MODULE.shared_cqs);
         shared.left[cq] = left;
         s.routes.route(&shared.owners[cq], &s.polled);
     }

@@ -56,45 +56,49 @@ pub(crate) struct Stats {
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 
-pub(crate) static STATS: Stats = Stats {
-    accepted: ZERO,
-    rejected: [ZERO; 4],
-    bytes_in: ZERO,
-    bytes_out: ZERO,
-    writes_in: ZERO,
-    writes_out: ZERO,
-    rx_registrations_sent: ZERO,
-    rx_registrations_received: ZERO,
-    keepalives_sent: ZERO,
-    keepalives_received: ZERO,
-    wakeups: ZERO,
-    completions: ZERO,
-    budget_hits: ZERO,
-    rx_grown: ZERO,
-    tx_buffers_released: ZERO,
-    releasing: ZERO,
-    violations: [ZERO; Violation::KINDS.len()],
-    work_request_errors: ZERO,
-    local_errors: ZERO,
-    peers_silent: ZERO,
-    handshake_timeouts: ZERO,
-    cm_ends: [ZERO; 2],
-};
+impl Stats {
+    pub(crate) const fn new() -> Stats {
+        Stats {
+            accepted: ZERO,
+            rejected: [ZERO; 4],
+            bytes_in: ZERO,
+            bytes_out: ZERO,
+            writes_in: ZERO,
+            writes_out: ZERO,
+            rx_registrations_sent: ZERO,
+            rx_registrations_received: ZERO,
+            keepalives_sent: ZERO,
+            keepalives_received: ZERO,
+            wakeups: ZERO,
+            completions: ZERO,
+            budget_hits: ZERO,
+            rx_grown: ZERO,
+            tx_buffers_released: ZERO,
+            releasing: ZERO,
+            violations: [ZERO; Violation::KINDS.len()],
+            work_request_errors: ZERO,
+            local_errors: ZERO,
+            peers_silent: ZERO,
+            handshake_timeouts: ZERO,
+            cm_ends: [ZERO; 2],
+        }
+    }
+}
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Relaxed);
 }
 
 pub(crate) fn rejected(why: Rejected) {
-    add(&STATS.rejected[why as usize], 1);
+    add(&super::MODULE.stats.rejected[why as usize], 1);
 }
 
 pub(crate) fn violation(v: &Violation) {
-    add(&STATS.violations[v.index()], 1);
+    add(&super::MODULE.stats.violations[v.index()], 1);
 }
 
 pub(crate) fn cm_end(kind: CmEnd) {
-    add(&STATS.cm_ends[kind as usize], 1);
+    add(&super::MODULE.stats.cm_ends[kind as usize], 1);
 }
 
 use crate::server::api::InfoField as Field;
@@ -116,7 +120,7 @@ pub(crate) struct Now {
 
 /// The fields of `INFO rdma`, in order (names documented in docs/operator-guide.md).
 pub(crate) fn fields(now: &Now) -> Vec<Field> {
-    let s = &STATS;
+    let s = &super::MODULE.stats;
     let get = |c: &AtomicU64| c.load(Relaxed);
     let (wmin, wmax) = now.peer_windows.unwrap_or((0, 0));
     let (rmin, rmax) = now.rx_windows.unwrap_or((0, 0));

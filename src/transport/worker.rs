@@ -23,10 +23,19 @@ pub(crate) struct Worker {
     jobs: OnceLock<Option<Mutex<Sender<Job>>>>,
 }
 
-/// Registers larger RX buffers.
-pub(crate) static PREPARE: Worker = Worker::new("rdma-prepare");
-/// Releases the verbs resources of closed connections.
-pub(crate) static RELEASE: Worker = Worker::new("rdma-release");
+/// The module's background threads.
+pub(crate) struct Workers {
+    /// Registers larger RX buffers.
+    pub(crate) prepare: Worker,
+    /// Releases the verbs resources of closed connections.
+    pub(crate) release: Worker,
+}
+
+impl Workers {
+    pub(crate) const fn new() -> Workers {
+        Workers { prepare: Worker::new("rdma-prepare"), release: Worker::new("rdma-release") }
+    }
+}
 
 impl Worker {
     const fn new(name: &'static str) -> Worker {
@@ -93,7 +102,7 @@ mod tests {
     #[test]
     fn a_slot_receives_the_jobs_result_from_the_background_thread() {
         let here = std::thread::current().id();
-        let slot = Slot::spawn(&PREPARE, move || std::thread::current().id() != here);
+        let slot = Slot::spawn(&crate::transport::MODULE.workers.prepare, move || std::thread::current().id() != here);
         let t0 = Instant::now();
         let ran_elsewhere = loop {
             if let Some(v) = slot.take() {
@@ -108,8 +117,8 @@ mod tests {
 
     #[test]
     fn a_panicking_job_does_not_stop_the_ones_after_it() {
-        RELEASE.submit(|| panic!("a job that fails"));
-        let slot = Slot::spawn(&RELEASE, || 42);
+        crate::transport::MODULE.workers.release.submit(|| panic!("a job that fails"));
+        let slot = Slot::spawn(&crate::transport::MODULE.workers.release, || 42);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(10) {
             if let Some(v) = slot.take() {
