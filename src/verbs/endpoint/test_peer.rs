@@ -23,20 +23,6 @@ impl Endpoint {
         self.depths.tx_slots() - self.free_tx_slots.len()
     }
 
-    /// As [`post_write`](Endpoint::post_write) with an explicit immediate, which may
-    /// differ from the length.
-    pub fn post_write_imm(
-        &mut self,
-        offset: u32,
-        parts: &[&[u8]],
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-    ) -> Result<()> {
-        self.write_with_imm(offset, parts, len, remote_addr, rkey, imm)
-    }
-
     /// Sends `bytes` as one IBV_WR_SEND from the TX buffer, whatever their length. Only
     /// the test peer uses this, to send malformed control messages.
     pub fn post_send_raw(&mut self, bytes: &[u8]) -> Result<()> {

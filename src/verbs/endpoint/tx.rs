@@ -129,12 +129,12 @@ impl Endpoint {
     /// one RDMA_WRITE_WITH_IMM of `len` bytes, after plain RDMA_WRITEs for the chunks
     /// beyond the first two ([`tx_plan`]).
     pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
-        self.write_with_imm(offset, parts, len, remote_addr, rkey, len)
+        self.post_write_imm(offset, parts, len, remote_addr, rkey, len)
     }
 
-    /// As [`post_write`](Self::post_write) with an explicit immediate (the test peer's
-    /// `post_write_imm` sends one that differs from the length).
-    pub(super) fn write_with_imm(
+    /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
+    /// peer (`client::hostile`) sends one that differs from the length.
+    pub fn post_write_imm(
         &mut self,
         offset: u32,
         parts: &[&[u8]],
