@@ -5,11 +5,11 @@
 //! owns the verbs objects and the server's `connection` struct; this core owns every
 //! *decision*: the connection's state, both byte windows ([`Session`]), the control
 //! messages to send, which server handlers are installed, the IO-thread postpone mask,
-//! and which handler must run when. Every bug of the old driver lived in those
-//! decisions (a close that unregistered twice, a connection live before its fd was
-//! watched, multi-block replies stalled 3 s a piece, bytes received before a disconnect
-//! dropped), and all of them can now be exercised in memory: see the simulator
-//! (`sim.rs`, `cargo test --lib protocol::conn`).
+//! and which handler must run when. Those decisions are where a connection type goes
+//! wrong (closing twice, a connection live before its fd is watched, multi-block replies
+//! that stall, bytes received before a disconnect dropped), and all of them are
+//! exercised in memory: see the simulator (`sim.rs`, `cargo test --lib protocol::conn`),
+//! which drives this core through the production driver (`protocol::driver`).
 //!
 //! **Inputs** are method calls: CM events ([`Conn::on_established`],
 //! [`Conn::on_disconnected`]), completions ([`Conn::on_control`], [`Conn::on_data`],

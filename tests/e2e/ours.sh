@@ -394,10 +394,10 @@ run_case "ours valkey-9.1.2 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_
 run_case "ours valkey-8.1.1 io-threads 4 -c 100 -P 32" case_io_threads "$VALKEY_811"
 run_case "ours CONFIG SET rdma-port / rdma-bind at run time" case_config_set_port
 
-# Review fault 6: a listener closed while the server's event loop is not known yet (our
-# lookup of server.el failed) must stay open until it is known; closing it at once left
-# the server's slot for that fd set, and the next listener, reusing the number, made the
-# server panic on EPOLL_CTL_MOD.
+# A listener closed while the server's event loop is not known yet (our lookup of
+# server.el failed) must stay open until it is known: closed at once, it would leave the
+# server's slot for that fd set, and the next listener, reusing the number, would make
+# the server panic on EPOLL_CTL_MOD.
 case_relisten_event_loop_unknown() {
     VALKEY_RDMA_TEST=unknown-event-loop start_server relisten "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
         --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ --loglevel verbose || return 1
@@ -584,9 +584,9 @@ case_rejections_counted() {  # rdma_migrate_id and rdma_accept failing: refused,
 }
 run_case "ours INFO rdma: rejected accept and migrate counted (test knobs)" case_rejections_counted
 
-# Review fault 7: the panic policy. The release profile unwinds, and every extern "C"
-# entry catches a panic, logs it and fails that one call; with panic = "abort" (as
-# before the fix) this case kills the server.
+# The panic policy. The release profile unwinds, and every extern "C" entry catches a
+# panic, logs it and fails that one call; with panic = "abort" this case would kill the
+# server.
 case_panic_is_contained() {
     VALKEY_RDMA_TEST=panic-accept=1 start_server panic "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
         --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1

@@ -231,7 +231,7 @@ pub enum AfterHandler {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CloseOutcome {
     /// First close: remove the connection from the live set and the pending list and
-    /// unwatch its fd. Exactly once per connection (the old code unregistered twice).
+    /// unwatch its fd. Exactly once per connection.
     pub unregister: bool,
     /// No handler is running: tear down and free now. Otherwise the close is scheduled
     /// (CONN_FLAG_CLOSE_SCHEDULED) and [`Conn::handler_returned`] says when to free.
