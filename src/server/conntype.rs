@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_int, c_longlong, c_void};
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::abi::*;
 use super::api;
@@ -86,21 +86,6 @@ extern "C" fn after_fork_in_child() {
 
 // ----- the table -------------------------------------------------------------------
 
-struct Registered {
-    abi: Abi,
-    table: usize,
-}
-static REGISTERED: OnceLock<Registered> = OnceLock::new();
-
-/// The registered table (the `type` of every connection), null before registration.
-pub(super) fn table_ptr() -> *const c_void {
-    REGISTERED.get().map_or(std::ptr::null(), |r| r.table as *const c_void)
-}
-
-fn abi() -> Abi {
-    REGISTERED.get().map_or(Abi::V9_1_2, |r| r.abi)
-}
-
 /// Builds the table for `abi` with `T` behind it and registers it (`connTypeRegister`,
 /// which calls `init` at once).
 pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
@@ -169,9 +154,7 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
             }
         )),
     };
-    if REGISTERED.set(Registered { abi, table: table as usize }).is_err() {
-        return Err("the rdma connection type is registered already".into());
-    }
+    super::host::set_registered(abi, table as usize)?;
     // SAFETY: the table has the layout of this server version (`abi`) and lives forever.
     if unsafe { (super::symbols::get().conn_type_register)(table) } != 0 {
         return Err("connTypeRegister refused the rdma connection type (is valkey-rdma.so loaded too?)".into());
@@ -529,7 +512,7 @@ unsafe extern "C" fn postpone_update_state<T: Transport>(c: *mut Connection, arg
         if in_fork_child() {
             return;
         }
-        let mask = Postpone::from_mask(abi().postpone_mask(arg));
+        let mask = Postpone::from_mask(super::host::registered_abi().postpone_mask(arg));
         // SAFETY: see above.
         T::postpone(unsafe { Hosted::<T>::from_server(c) }, mask)
     })

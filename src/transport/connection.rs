@@ -230,7 +230,7 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
                 " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)".to_string()
             }
             Failure::Local { call, .. } if *call == VerbsOp::PinnedCeiling.name() => {
-                format!(" ({})", super::listener::pinned_ceiling_hint())
+                format!(" ({})", super::pinned_ceiling_hint())
             }
             _ => String::new(),
         };
@@ -295,6 +295,22 @@ pub(crate) fn process_completions(c: &HostedConn) {
     });
 }
 
+/// Where a shared CQ's poll delivers: each connection's completions to its core, then
+/// its handlers (or the pending list).
+pub(crate) struct ToConnections;
+
+impl super::shared_cqs::Delivery for ToConnections {
+    fn completions(&mut self, c: &Arc<HostedConn>, wcs: &[WorkCompletion]) {
+        on_shared_completions(c, wcs)
+    }
+    fn run(&mut self, c: &Arc<HostedConn>) {
+        run(c)
+    }
+    fn queue(&mut self, c: &Arc<HostedConn>) {
+        queue_if_due(c)
+    }
+}
+
 /// Completions of this connection's QP taken from a shared CQ
 /// ([`super::shared_cqs`]), in arrival order: the endpoint's bookkeeping, then the core.
 pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
@@ -356,7 +372,7 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
         publish(c, &g, None);
     }
     if let Some((cq, _)) = c.inner.shared_cq {
-        return super::shared_cqs::drain(cq);
+        return super::shared_cqs::drain(cq, &mut ToConnections);
     }
     loop {
         process_completions(c);
@@ -534,7 +550,7 @@ pub(crate) fn teardown(c: &HostedConn) {
     let Some(mut ep) = ep else { return };
     // The id lives on until the release runs, and a CM event for it (a late
     // DISCONNECTED) carries its context: a key that a new connection may own by then.
-    ep.set_cm_context(super::listener::NO_CONNECTION_KEY);
+    ep.set_cm_context(super::NO_CONNECTION_KEY);
     // Here, on the thread that reads the CM events: the QP out of the id, its number
     // kept from new QPs until it is retired.
     ep.begin_close();
@@ -592,7 +608,7 @@ pub(crate) fn accept_cm(c: &HostedConn, params: crate::verbs::ConnParams) -> Res
 /// connection with test handlers in place of the server's (no server, no RDMA): accept,
 /// a close inside a handler, the pending list.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
@@ -608,13 +624,13 @@ mod tests {
         static CALLS: RefCell<Vec<(usize, &'static str)>> = const { RefCell::new(Vec::new()) };
     }
 
-    fn serial() -> MutexGuard<'static, ()> {
+    pub(crate) fn serial() -> MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A live connection (as `listener.rs` makes it live), ESTABLISHED, with `unread`
     /// bytes received; accepted by the server (with no accept handler) if `accepted`.
-    fn connection(unread: u32, accepted: bool) -> Arc<HostedConn> {
+    pub(crate) fn connection(unread: u32, accepted: bool) -> Arc<HostedConn> {
         let c = Hosted::new(RdmaConnection::without_endpoint(RxBuffer { addr: 0x1000, len: 4096, key: 7 }))
             .expect("an eventfd");
         CONNS.with(|m| m.borrow_mut().insert(c.key(), c.clone()));

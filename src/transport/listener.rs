@@ -12,7 +12,7 @@ use super::connection::{self, RdmaConnection};
 use super::knobs::{self, Knob};
 use super::stats::{self, CmEnd, Rejected};
 use super::MODULE;
-use super::{global, live, lock, HostedConn};
+use super::{global, live, lock, pinned_ceiling_hint, HostedConn, CONN_EVENTS_KEY};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
 use crate::verbs::{self, CmId, ConnParams, EndpointConfig, EventChannel, VerbsError, VerbsOp};
@@ -43,12 +43,6 @@ impl Listeners {
         Listeners { listening: Mutex::new(None), retired: Mutex::new(None), conn_events: OnceLock::new() }
     }
 }
-/// The key the connections' CM channel is watched with (connection keys are
-/// addresses, never 0).
-pub(crate) const CONN_EVENTS_KEY: usize = 0;
-/// The context of a closed connection's id while it waits to be destroyed: no live
-/// connection has this key (keys are addresses), so its CM events are dropped.
-pub(crate) const NO_CONNECTION_KEY: usize = 0;
 
 fn conn_events() -> Result<&'static EventChannel, VerbsError> {
     if let Some(ch) = MODULE.listeners.conn_events.get() {
@@ -295,7 +289,7 @@ fn accept_one(id: CmId) {
         id.reject();
         return super::log_limited(format_args!("RDMA: client {peer} refused: {}", pinned_ceiling_hint()));
     }
-    let (built, shared_cq) = super::shared_cqs::endpoint(id, &cfg);
+    let (built, shared_cq) = super::shared_cqs::endpoint(id, &cfg, &mut connection::ToConnections);
     let ep = match built {
         Ok(ep) => ep,
         Err(e) => {
@@ -388,12 +382,4 @@ pub(crate) fn on_conn_events() {
         }
         connection::queue_if_due(&c);
     }
-}
-
-/// What to do when the module's pinned-memory ceiling refused a registration.
-pub(crate) fn pinned_ceiling_hint() -> String {
-    format!(
-        "the module's pinned-memory ceiling of {} MiB is reached: raise it with the module argument max-pinned=, or lower rdma-rx-size or maxclients",
-        crate::verbs::pinned::ceiling() >> 20
-    )
 }

@@ -89,6 +89,21 @@ pub(crate) fn global() -> &'static Global {
     MODULE.global.get().expect("set in OnLoad before the connection type is registered")
 }
 
+/// The key the connections' CM channel is watched with (connection keys are
+/// addresses, never 0; shared CQs have 1 and up, `shared_cqs`).
+pub(crate) const CONN_EVENTS_KEY: usize = 0;
+/// The context of a closed connection's id while it waits to be destroyed: no live
+/// connection has this key (keys are addresses), so its CM events are dropped.
+pub(crate) const NO_CONNECTION_KEY: usize = 0;
+
+/// What to do when the module's pinned-memory ceiling refused a registration.
+pub(crate) fn pinned_ceiling_hint() -> String {
+    format!(
+        "the module's pinned-memory ceiling of {} MiB is reached: raise it with the module argument max-pinned=, or lower rdma-rx-size or maxclients",
+        crate::verbs::pinned::ceiling() >> 20
+    )
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poison| poison.into_inner())
 }
@@ -284,10 +299,10 @@ impl Transport for RdmaConnection {
         listener::on_listener_events(fd)
     }
     fn on_watched_fd(key: usize) {
-        if key == listener::CONN_EVENTS_KEY {
+        if key == CONN_EVENTS_KEY {
             listener::on_conn_events();
         } else if let Some(cq) = shared_cqs::cq_of_key(key) {
-            shared_cqs::on_fd(cq);
+            shared_cqs::on_fd(cq, &mut connection::ToConnections);
         } else if let Some(c) = live::get(key) {
             connection::on_completion_fd(&c);
         }
@@ -326,7 +341,7 @@ impl Transport for RdmaConnection {
     /// connection runs at most once per call (one queued again by its own handler waits
     /// for the next call).
     fn process_pending() -> usize {
-        let mut processed = shared_cqs::poll_left();
+        let mut processed = shared_cqs::poll_left(&mut connection::ToConnections);
         for _ in 0..pending::len() {
             let Some(c) = pending::pop() else { break };
             connection::run_pending(&c);

@@ -5,7 +5,7 @@
 //! its own re-arm (`ioctl`): at 32 busy clients, 32 of each per turn of the loop. Here
 //! the connections of the event loop share CQs: one fd per CQ is watched, and one read
 //! and one re-arm serve every completion that arrived meanwhile, polled in batches and
-//! handed to each connection's core by QP number ([`connection::on_shared_completions`]).
+//! handed to each connection's core by QP number (a [`Delivery`]: the connections').
 //!
 //! A shared CQ reserves the entries of each QP's queues ([`SharedCq`]), so it never
 //! overflows; when the CQs are full (or on another device) a new one is made. Where a
@@ -17,7 +17,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::connection;
 use super::knobs::{self, Knob};
 use super::stats;
 use super::MODULE;
@@ -36,7 +35,7 @@ const FIRST_KEY: usize = 1;
 /// beyond, connections get their own CQ.
 const MAX_CQS: usize = 4095;
 // Above the CM channel's key, and within the first page, where no address points.
-const _: () = assert!(FIRST_KEY > super::listener::CONN_EVENTS_KEY && FIRST_KEY + MAX_CQS <= 4096);
+const _: () = assert!(FIRST_KEY > super::CONN_EVENTS_KEY && FIRST_KEY + MAX_CQS <= 4096);
 
 /// What to do with a connection that got completions.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -70,8 +69,12 @@ pub(crate) fn cq_of_key(key: usize) -> Option<usize> {
 
 /// Builds the endpoint of a new connection on a shared CQ with room for it (made and
 /// watched here when none has), or on a CQ of its own when that fails. Returns the
-/// endpoint and the index of its shared CQ.
-pub(crate) fn endpoint(id: CmId, cfg: &EndpointConfig) -> (Result<Endpoint, VerbsError>, Option<usize>) {
+/// endpoint and the index of its shared CQ; `d` takes what a look at the CQ finds.
+pub(crate) fn endpoint(
+    id: CmId,
+    cfg: &EndpointConfig,
+    d: &mut impl Delivery,
+) -> (Result<Endpoint, VerbsError>, Option<usize>) {
     let cqes = QueueDepths::DEFAULT.cqes();
     let found = lock(&MODULE.shared_cqs).cqs.iter().position(|cq| cq.fits(&id, cqes));
     let index = match found {
@@ -83,7 +86,7 @@ pub(crate) fn endpoint(id: CmId, cfg: &EndpointConfig) -> (Result<Endpoint, Verb
     if cq.has_retired() {
         // A closed connection's completions may still be queued: look once, so that its
         // QP number is free again (a new QP that drew it would be refused).
-        poll(i, Then::Queue);
+        poll(i, Then::Queue, d);
     }
     match Endpoint::with_shared_cq(id, cfg, QueueDepths::DEFAULT, &cq) {
         Ok(ep) => (Ok(ep), Some(i)),
@@ -137,19 +140,30 @@ pub(crate) fn unregister(cq: usize, qp_num: u32) {
     }
 }
 
+/// What a poll does with the connections that got completions: in the module,
+/// `connection::ToConnections` (their cores, then their handlers); in the tests, a record.
+pub(crate) trait Delivery {
+    /// Connection `c`'s completions of this poll, in arrival order.
+    fn completions(&mut self, c: &Arc<HostedConn>, wcs: &[WorkCompletion]);
+    /// Run its handlers now (the CQ's fd fired, or the pending turn came).
+    fn run(&mut self, c: &Arc<HostedConn>);
+    /// Queue it on the pending list (inside a CM event or an accept).
+    fn queue(&mut self, c: &Arc<HostedConn>);
+}
+
 /// The fd of CQ `cq` fired.
-pub(crate) fn on_fd(cq: usize) {
+pub(crate) fn on_fd(cq: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    poll(cq, Then::RunHandlers);
+    poll(cq, Then::RunHandlers, d);
 }
 
 /// Polls CQ `cq` until it is empty, the connections that got completions queued: a
 /// peer left, and what it wrote before is to be read before EOF (docs/server-abi.md
 /// §4.2). Bounded: a CQ that never empties (other peers keep writing) is left after
 /// as many rounds as it has entries' worth of budgets.
-pub(crate) fn drain(cq: usize) {
+pub(crate) fn drain(cq: usize, d: &mut impl Delivery) {
     for _ in 0..(MAX_SHARED_CQES as usize).div_ceil(COMPLETIONS_PER_SHARED_POLL) + 1 {
-        if !poll(cq, Then::Queue) {
+        if !poll(cq, Then::Queue, d) {
             return;
         }
     }
@@ -161,13 +175,13 @@ pub(crate) fn any_left() -> bool {
 }
 
 /// Polls again each CQ whose last poll the budget stopped; returns how many.
-pub(crate) fn poll_left() -> usize {
+pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
     // (called at every turn of the event loop that has pending work: no list is built)
     let cqs = lock(&MODULE.shared_cqs).left.len();
     let mut polled = 0;
     for i in 0..cqs {
         if lock(&MODULE.shared_cqs).left[i] {
-            poll(i, Then::RunHandlers);
+            poll(i, Then::RunHandlers, d);
             polled += 1;
         }
     }
@@ -182,7 +196,7 @@ pub(crate) fn count() -> usize {
 /// One budgeted poll of CQ `cq`: the completions go to their connections' cores, one
 /// lock per connection, in arrival order within each; then each of those connections
 /// runs (or is queued). Returns whether completions were left.
-fn poll(cq: usize, then: Then) -> bool {
+fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     let Some(q) = lock(&MODULE.shared_cqs).cqs.get(cq).cloned() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
@@ -202,23 +216,7 @@ fn poll(cq: usize, then: Then) -> bool {
         shared.left[cq] = left;
         s.routes.route(&shared.owners[cq], &s.polled);
     }
-    // Every completion reaches its core before any handler runs: a handler may process
-    // events while it blocks (a long script), and a poll nested there must find nothing
-    // of this one still undelivered, or a connection would see later bytes first.
-    s.routes.handler_order(&mut s.order);
-    live::get_each(s.routes.groups.iter().map(|g| g.key), &mut s.conns);
-    for (g, conn) in s.conns.iter().enumerate() {
-        if let Some(c) = conn {
-            connection::on_shared_completions(c, s.routes.completions_of(g));
-        }
-    }
-    for &g in &s.order {
-        let Some(c) = s.conns[g].take() else { continue };
-        match then {
-            Then::RunHandlers => connection::run(&c),
-            Then::Queue => connection::queue_if_due(&c),
-        }
-    }
+    s.deliver(then, d);
     s.put_back();
     left
 }
@@ -245,6 +243,29 @@ thread_local! {
 impl Scratch {
     fn take() -> Scratch {
         SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
+    }
+
+    /// The routed completions to their live connections, then their handlers (or the
+    /// pending list), in [`Routes::handler_order`].
+    fn deliver(&mut self, then: Then, d: &mut impl Delivery) {
+        // Every completion reaches its core before any handler runs: a handler may
+        // process events while it blocks (a long script), and a poll nested there must
+        // find nothing of this one still undelivered, or a connection would see later
+        // bytes first.
+        self.routes.handler_order(&mut self.order);
+        live::get_each(self.routes.groups.iter().map(|g| g.key), &mut self.conns);
+        for (g, conn) in self.conns.iter().enumerate() {
+            if let Some(c) = conn {
+                d.completions(c, self.routes.completions_of(g));
+            }
+        }
+        for &g in &self.order {
+            let Some(c) = self.conns[g].take() else { continue };
+            match then {
+                Then::RunHandlers => d.run(&c),
+                Then::Queue => d.queue(&c),
+            }
+        }
     }
 
     /// `routes` and `order` are cleared where they are filled; `polled` is pushed to,
@@ -359,6 +380,61 @@ mod tests {
         (0..routes.groups.len())
             .map(|g| (routes.groups[g].key, routes.completions_of(g).iter().map(|wc| wc.wr_id()).collect()))
             .collect()
+    }
+
+    /// What a poll delivered: (connection key, wr_ids) per connection, then the keys whose
+    /// handlers ran or were queued, in order.
+    #[derive(Default)]
+    struct Record {
+        completions: Vec<(usize, Vec<u64>)>,
+        then: Vec<(usize, &'static str)>,
+    }
+
+    impl Delivery for Record {
+        fn completions(&mut self, c: &Arc<HostedConn>, wcs: &[WorkCompletion]) {
+            self.completions.push((c.key(), wcs.iter().map(|wc| wc.wr_id()).collect()));
+        }
+        fn run(&mut self, c: &Arc<HostedConn>) {
+            self.then.push((c.key(), "run"));
+        }
+        fn queue(&mut self, c: &Arc<HostedConn>) {
+            self.then.push((c.key(), "queue"));
+        }
+    }
+
+    #[test]
+    fn a_poll_delivers_to_several_live_connections_then_runs_them_latest_request_first() {
+        use crate::transport::connection::tests::{connection, serial};
+        let _s = serial();
+        let (a, b, c, gone) = (connection(0, true), connection(0, true), connection(0, true), connection(0, true));
+        let owners = owners(&[(1, a.key()), (2, b.key()), (3, c.key()), (4, gone.key())]);
+        live::remove(&gone); // closed after the poll took its completions: they are dropped
+                             // b's request first, then a's; c only had a send complete (its window reopened)
+        let wcs = vec![
+            WorkCompletion::received(2, 1),
+            WorkCompletion::sent(3, 2),
+            WorkCompletion::received(4, 3),
+            WorkCompletion::received(1, 4),
+            WorkCompletion::received(2, 5),
+            WorkCompletion::received(9, 6),
+        ];
+        for then in [Then::RunHandlers, Then::Queue] {
+            let mut s = Scratch::default();
+            s.routes.route(&owners, &wcs);
+            let mut d = Record::default();
+            s.deliver(then, &mut d);
+            assert_eq!(d.completions, vec![(b.key(), vec![1, 5]), (c.key(), vec![2]), (a.key(), vec![4])]);
+            let how = if then == Then::RunHandlers { "run" } else { "queue" };
+            assert_eq!(
+                d.then,
+                vec![(a.key(), how), (b.key(), how), (c.key(), how)],
+                "latest first receive first, then the connections without a receive"
+            );
+            assert!(s.conns.iter().all(Option::is_none), "the scratch keeps no connection alive");
+        }
+        for x in [&a, &b, &c] {
+            crate::transport::connection::close(x);
+        }
     }
 
     #[test]
