@@ -34,15 +34,11 @@ pub struct LocalError {
     pub errno: i32,
 }
 
-/// Why the NIC side cannot follow the peer's new RX buffer with its TX buffer.
+/// The NIC side cannot follow the peer's new RX buffer with its TX buffer: this many old
+/// TX buffers still wait for writes the peer keeps from completing (docs/protocol.md §6),
+/// the peer's violation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TxRefused {
-    /// This many old TX buffers still wait for writes the peer keeps from completing
-    /// (docs/protocol.md §6): the peer's violation.
-    InFlight { held: u32 },
-    /// A local call failed.
-    Local(LocalError),
-}
+pub struct TxBuffersHeld(pub u32);
 
 /// The NIC side of one connection: what the driver asks of the verbs endpoint (or of
 /// the simulator's fake NIC).
@@ -60,7 +56,7 @@ pub trait Nic {
     fn copy_rx(&mut self, range: Range<usize>, out: &mut [u8]);
     /// The peer's RegisterXferMemory arrived: the TX buffer follows its length
     /// (docs/protocol.md §2). `resized`: the length changed.
-    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused>;
+    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxBuffersHeld>;
     /// The most bytes one write starting at `tx_offset` of the peer's window may carry
     /// now (work requests the send queue has room for).
     fn write_limit(&self, tx_offset: u32) -> usize;
@@ -141,12 +137,8 @@ impl<N: Nic> Driver<N> {
                 // from an old one may still be in flight: the NIC keeps it until the
                 // send queue has passed them.
                 if let Received::PeerRxRegistered { len, resized } = r {
-                    match self.nic.peer_rx_registered(len, resized) {
-                        Ok(()) => {}
-                        Err(TxRefused::InFlight { held }) => {
-                            return Err(self.core.on_violation(Violation::WindowsInFlight { held }))
-                        }
-                        Err(TxRefused::Local(e)) => self.core.on_local_error(e.call, e.errno)?,
+                    if let Err(TxBuffersHeld(held)) = self.nic.peer_rx_registered(len, resized) {
+                        return Err(self.core.on_violation(Violation::WindowsInFlight { held }));
                     }
                 }
                 Ok(r)

@@ -14,7 +14,7 @@
 
 pub mod conn;
 pub mod control;
-pub mod driver;
+pub(crate) mod driver;
 pub mod session;
 pub mod window;
 

@@ -46,7 +46,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::*;
 use crate::protocol::control::CONTROL_MESSAGE_LEN;
-use crate::protocol::driver::{self, Completion, Driver, LocalError, Mutant, Nic, RunEnd, TxRefused};
+use crate::protocol::driver::{self, Completion, Driver, LocalError, Mutant, Nic, RunEnd, TxBuffersHeld};
 use crate::protocol::{Opcode, MAX_PEER_RX_SIZE};
 
 const SERVER: usize = 0;
@@ -434,7 +434,7 @@ impl Nic for SimNic {
     fn copy_rx(&mut self, range: std::ops::Range<usize>, out: &mut [u8]) {
         out[..range.len()].copy_from_slice(&self.rx_buf[range]);
     }
-    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused> {
+    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxBuffersHeld> {
         if resized {
             self.tx_buf.resize(len as usize, 0);
         }

@@ -18,7 +18,7 @@ use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{
     AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, WriteGrant,
 };
-use crate::protocol::driver::{self, Driver, LocalError, Nic, RunEnd, TxRefused};
+use crate::protocol::driver::{self, Driver, LocalError, Nic, RunEnd, TxBuffersHeld};
 use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::api::FdWatch;
@@ -91,7 +91,7 @@ impl Nic for ServerNic {
             ep.copy_rx(range, out)
         }
     }
-    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxRefused> {
+    fn peer_rx_registered(&mut self, len: u32, resized: bool) -> Result<(), TxBuffersHeld> {
         stats::add(&MODULE.stats.rx_registrations_received, 1);
         match self.ep.as_mut() {
             Some(ep) => Nic::peer_rx_registered(ep, len, resized),

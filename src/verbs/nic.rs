@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use super::{Endpoint, VerbsError};
 use crate::protocol::conn::WriteGrant;
-use crate::protocol::driver::{LocalError, Nic, TxRefused};
+use crate::protocol::driver::{LocalError, Nic, TxBuffersHeld};
 use crate::protocol::ControlMessage;
 
 impl From<VerbsError> for LocalError {
@@ -24,8 +24,8 @@ impl Nic for Endpoint {
     fn copy_rx(&mut self, range: Range<usize>, out: &mut [u8]) {
         Endpoint::copy_rx(self, range, out)
     }
-    fn peer_rx_registered(&mut self, len: u32, _resized: bool) -> Result<(), TxRefused> {
-        self.set_tx_len(len).map_err(|held| TxRefused::InFlight { held: held as u32 })
+    fn peer_rx_registered(&mut self, len: u32, _resized: bool) -> Result<(), TxBuffersHeld> {
+        self.set_tx_len(len).map_err(|held| TxBuffersHeld(held as u32))
     }
     fn write_limit(&self, tx_offset: u32) -> usize {
         self.tx_write_limit(tx_offset) as usize
