@@ -408,8 +408,9 @@ mod tests {
         let _s = serial();
         let (a, b, c, gone) = (connection(0, true), connection(0, true), connection(0, true), connection(0, true));
         let owners = owners(&[(1, a.key()), (2, b.key()), (3, c.key()), (4, gone.key())]);
-        live::remove(&gone); // closed after the poll took its completions: they are dropped
-                             // b's request first, then a's; c only had a send complete (its window reopened)
+        // closed after the poll took its completions: they are dropped
+        live::remove(&gone);
+        // b's request first, then a's; c only had a send complete (its window reopened)
         let wcs = vec![
             WorkCompletion::received(2, 1),
             WorkCompletion::sent(3, 2),
