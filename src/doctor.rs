@@ -222,8 +222,8 @@ pub fn memlock_hint(rx_size: u32) -> String {
 }
 
 /// `vm.max_map_count` against the memory mappings of `clients` connections: each RDMA
-/// connection maps its buffers (with guard pages) and the device's queues, so at the
-/// default 65530 a server holds 5,000 to 6,000 connections; beyond that the module
+/// connection maps the device's queues, and its buffers are slots of shared chunks, so
+/// at the default 65530 a server holds about 20,000 connections; beyond that the module
 /// refuses new ones (one log line naming this setting) rather than fail held ones.
 pub fn map_count(clients: u64) -> Check {
     let need = verbs::maps_for_clients(clients);
@@ -237,8 +237,8 @@ pub fn map_count(clients: u64) -> Check {
             "max_map_count",
             format!(
                 "vm.max_map_count is {limit} and each RDMA client takes about {} memory mappings: about {} of {clients} clients fit",
-                verbs::MAPS_PER_NEW_ENDPOINT,
-                limit.saturating_sub(verbs::maps_for_clients(0)) / verbs::MAPS_PER_NEW_ENDPOINT,
+                verbs::MAPS_PER_ENDPOINT,
+                verbs::clients_for_maps(limit),
             ),
             format!("raise it: sysctl -w vm.max_map_count={} (and in /etc/sysctl.d/ to keep it)", need.next_multiple_of(1024)),
         ),

@@ -269,11 +269,13 @@ pub fn run(case: &str, addr: &str, hold: Duration) -> Result<Outcome> {
             let answered = ping_until_the_writes_wait(&mut s)?;
             eprintln!("grow-in-flight: {answered} replies, then the server's writes wait");
             let (addr, key, base) = (s.d.nic.rx_addr(), s.d.nic.rx_key(), s.d.nic.rx_len());
+            let echo_200 = [b"ECHO ".as_slice(), &[b'x'; 200], b"\r\n"].concat();
             for i in 1..=200u32 {
                 let length = (base + i * 65536).min(crate::protocol::MAX_PEER_RX_SIZE);
                 s.endpoint().post_send_raw(&ControlMessage::RegisterXferMemory { addr, length, key }.encode())?;
-                // a reply into the new window, which waits as well
-                if s.write_all(b"PING\r\n").is_err() || s.settle(Duration::from_millis(20)).is_err() || s.is_gone() {
+                // a reply into the new window, which waits as well: one too long to go inline
+                // (docs/protocol.md §4.1), so that it is written from a TX buffer
+                if s.write_all(&echo_200).is_err() || s.settle(Duration::from_millis(20)).is_err() || s.is_gone() {
                     eprintln!("grow-in-flight: closed by the server after {i} larger windows");
                     return Ok(Outcome::ClosedByServer);
                 }

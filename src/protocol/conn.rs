@@ -180,7 +180,7 @@ impl Conn {
     /// The peer left and everything it sent was read: what is left is EOF
     /// (docs/server-abi.md §4.2: bytes before the disconnect come first, as with TCP).
     fn at_eof(&self) -> bool {
-        self.state == State::PeerClosed && !self.session.rx.has_unread()
+        matches!(self.state, State::PeerClosed) && !self.session.rx.has_unread()
     }
 
     /// The server must be told the connection is over: its next `read` fails.
@@ -201,7 +201,7 @@ impl Conn {
     fn write_due(&self, sq_room: bool) -> bool {
         self.write_handler
             && !self.postponed.write
-            && self.state == State::Established
+            && matches!(self.state, State::Established)
             && self.session.tx.available() > 0
             && sq_room
     }
@@ -225,7 +225,7 @@ impl Conn {
     /// RDMA_CM_EVENT_ESTABLISHED: advertise our RX buffer (docs/protocol.md §1, §4.3).
     /// A repeated event, or one after the connection ended, is ignored.
     pub fn on_established(&mut self) {
-        if self.state == State::Accepting {
+        if matches!(self.state, State::Accepting) {
             self.state = State::Established;
             self.control.push_back(self.session.register_rx());
         }
@@ -417,7 +417,7 @@ impl Conn {
 
     /// The bytes a write would take now (the client's `write_room`).
     pub fn write_room(&self, sq_room: bool) -> usize {
-        if self.state == State::Established && sq_room {
+        if matches!(self.state, State::Established) && sq_room {
             self.session.tx.available() as usize
         } else {
             0

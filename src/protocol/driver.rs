@@ -269,20 +269,29 @@ pub enum RunEnd {
 /// One run of the server's handlers, as the core schedules them (docs/server-abi.md
 /// §4.1, §4.3): the completion fd fired, or the pending list came round.
 pub fn run<H: Host>(host: &mut H) -> RunEnd {
-    host.with_driver(|d| d.core.begin_run());
+    // One turn of the driver between handler calls: what a handler changed is taken in
+    // and the next step decided under the same hold of the driver.
+    let next = |d: &mut Driver<H::Nic>| {
+        let room = d.nic.sq_room();
+        d.core.next_step(room)
+    };
+    let mut step = host.with_driver(|d| {
+        d.core.begin_run();
+        next(d)
+    });
     loop {
-        match host.with_driver(|d| {
-            let room = d.nic.sq_room();
-            d.core.next_step(room)
-        }) {
+        match step {
             Step::Done { pending } => return RunEnd::Done { pending },
             Step::Call(h) => {
                 host.call(h);
-                match host.with_driver(|d| d.core.handler_returned()) {
-                    AfterHandler::Continue => {}
-                    AfterHandler::FreeNow => return RunEnd::FreeNow,
-                    AfterHandler::Closed => return RunEnd::ClosedInside,
-                }
+                step = match host.with_driver(|d| match d.core.handler_returned() {
+                    AfterHandler::Continue => Ok(next(d)),
+                    after => Err(after),
+                }) {
+                    Ok(step) => step,
+                    Err(AfterHandler::FreeNow) => return RunEnd::FreeNow,
+                    Err(_) => return RunEnd::ClosedInside,
+                };
             }
         }
     }

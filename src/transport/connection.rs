@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
@@ -40,6 +41,11 @@ pub(crate) struct RdmaConnection {
     /// The completion channel fd of a connection with a CQ of its own (watched with the
     /// connection's key); never the fd the server sees.
     pub(crate) own_channel_fd: Option<std::ffi::c_int>,
+    /// The postpone mask the server set last (`postpone_update_state`, twice per
+    /// request, from whichever thread has the client): stored here without the lock,
+    /// and handed to the core each time the lock is taken, before the core decides
+    /// anything.
+    postponed: AtomicU8,
     state: Mutex<Inner>,
 }
 
@@ -154,6 +160,7 @@ impl RdmaConnection {
             local,
             shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
             own_channel_fd: shared_cq.is_none().then(|| ep.comp_fd()),
+            postponed: AtomicU8::new(postpone_bits(Postpone::NONE)),
             state: Mutex::new(Inner {
                 d: Driver::new(core, ServerNic { ep: Some(ep), rx_preparing: None, rx_prepared: None, peer }),
                 completions: Vec::with_capacity(COMPLETIONS_PER_OWN_POLL),
@@ -172,6 +179,7 @@ impl RdmaConnection {
             local: None,
             shared_cq: None,
             own_channel_fd: None,
+            postponed: AtomicU8::new(postpone_bits(Postpone::NONE)),
             state: Mutex::new(Inner {
                 d: Driver::new(
                     Conn::new(Role::Server, rx),
@@ -185,7 +193,9 @@ impl RdmaConnection {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.d.core.postpone(postpone_of(self.postponed.load(Ordering::Acquire)));
+        g
     }
 
     pub(crate) fn peer_name(&self) -> String {
@@ -423,7 +433,16 @@ pub(crate) fn set_handlers(c: &Arc<HostedConn>, read: bool, write: bool, barrier
 }
 
 pub(crate) fn postpone(c: &HostedConn, mask: Postpone) {
-    c.inner.lock().d.core.postpone(mask);
+    // (the core takes it at the next lock: every decision of the core is made under it)
+    c.inner.postponed.store(postpone_bits(mask), Ordering::Release);
+}
+
+fn postpone_bits(mask: Postpone) -> u8 {
+    u8::from(mask.read) | u8::from(mask.write) << 1
+}
+
+fn postpone_of(bits: u8) -> Postpone {
+    Postpone { read: bits & 1 != 0, write: bits & 2 != 0 }
 }
 
 /// The server's side of [`driver::run`]: the driver under the connection's lock, the
@@ -719,6 +738,21 @@ pub(crate) mod tests {
         assert!(!is_live(&c));
         run(&c);
         assert_eq!(calls(), [], "no handler after close");
+    }
+
+    #[test]
+    fn a_postponed_read_handler_waits_until_the_server_lifts_the_postponement() {
+        let _s = serial();
+        let c = connection(10, true);
+        test_handlers::install(&*c, ServerHandler::Read, read_and_close);
+        // (as an IO thread that has the client does, before the handlers are set)
+        postpone(&c, Postpone::READ);
+        set_handlers(&c, true, false, false);
+        run(&c);
+        assert_eq!(calls(), [], "postponed: the read handler does not run");
+        postpone(&c, Postpone::NONE);
+        run(&c);
+        assert_eq!(calls(), [(c.key(), "read")], "lifted: it runs at the next run");
     }
 
     #[test]

@@ -301,7 +301,7 @@ fn accept_one(id: CmId) {
             } else if e.op == VerbsOp::MapCount {
                 let (maps, limit) = verbs::map_count_now().unwrap_or_default();
                 format!(
-                    " ({maps} of vm.max_map_count {limit} memory mappings in use, and each RDMA connection needs up to 12: raise vm.max_map_count)"
+                    " ({maps} of vm.max_map_count {limit} memory mappings in use, and each RDMA connection needs about 3: raise vm.max_map_count)"
                 )
             } else {
                 String::new()
@@ -346,7 +346,7 @@ fn accept_one(id: CmId) {
     // event loop, on this thread, after we return.)
     live::insert(&c);
     if let Some((cq, qp_num)) = c.inner.shared_cq {
-        super::shared_cqs::register(cq, qp_num, c.key());
+        super::shared_cqs::register(cq, qp_num, &c);
     }
     stats::add(&MODULE.stats.accepted, 1);
     log::debug!("RDMA: accepted {} (completion vector {})", c.inner.peer_name(), c.inner.comp_vector());

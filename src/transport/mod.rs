@@ -156,11 +156,6 @@ pub(crate) mod live {
         lock(&MODULE.live).as_ref()?.get(&key).cloned()
     }
     /// [`get`] of each key, in order, into `out` (cleared first), under one lock.
-    pub(crate) fn get_each(keys: impl Iterator<Item = usize>, out: &mut Vec<Option<Arc<HostedConn>>>) {
-        out.clear();
-        let live = lock(&MODULE.live);
-        out.extend(keys.map(|key| live.as_ref()?.get(&key).cloned()));
-    }
     pub(crate) fn snapshot() -> Vec<Arc<HostedConn>> {
         lock(&MODULE.live).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
@@ -301,8 +296,8 @@ impl Transport for RdmaConnection {
     fn on_watched_fd(key: usize) {
         if key == CONN_EVENTS_KEY {
             listener::on_conn_events();
-        } else if let Some(cq) = shared_cqs::cq_of_key(key) {
-            shared_cqs::on_fd(cq, &mut connection::ToConnections);
+        } else if let Some(channel) = shared_cqs::channel_of_key(key) {
+            shared_cqs::on_fd(channel, &mut connection::ToConnections);
         } else if let Some(c) = live::get(key) {
             connection::on_completion_fd(&c);
         }

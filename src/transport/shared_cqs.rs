@@ -3,9 +3,11 @@
 //! With a CQ and a completion channel per connection, every connection that has a
 //! completion costs the event loop its own fd event, its own `read` of the channel and
 //! its own re-arm (`ioctl`): at 32 busy clients, 32 of each per turn of the loop. Here
-//! the connections of the event loop share CQs: one fd per CQ is watched, and one read
-//! and one re-arm serve every completion that arrived meanwhile, polled in batches and
-//! handed to each connection's core by QP number (a [`Delivery`]: the connections').
+//! the connections of the event loop share CQs, and the CQs of a device share one
+//! completion channel: one fd per device is watched, its events name the CQs that have
+//! completions, and one read and one re-arm per CQ serve every completion that arrived
+//! meanwhile, polled in batches and handed to each connection's core by QP number (a
+//! [`Delivery`]: the connections'). At 10,000 connections that is one fd, not 160.
 //!
 //! A shared CQ reserves the entries of each QP's queues ([`SharedCq`]), so it never
 //! overflows; when the CQs are full (or on another device) a new one is made. Where a
@@ -15,27 +17,31 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::knobs::{self, Knob};
 use super::stats;
 use super::MODULE;
-use super::{live, lock, log_limited, AddressHash, HostedConn, RdmaConnection};
+use super::{lock, log_limited, AddressHash, HostedConn, RdmaConnection};
 use crate::verbs::{
-    CmId, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion, MAX_SHARED_CQES,
+    CmId, CompletionChannel, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
+    MAX_SHARED_CQES,
 };
 
 /// Completions taken from one CQ per wake-up.
 pub(crate) const COMPLETIONS_PER_SHARED_POLL: usize = 1024;
-/// The key the first CQ's fd is watched with; CQ `i` has `FIRST_KEY + i`. Connection
-/// keys are addresses and the CM channel's is 0, so keys below a page never collide.
+/// The key the first device's channel fd is watched with; channel `i` has
+/// `FIRST_KEY + i`. Connection keys are addresses and the CM channel's is 0, so keys
+/// below a page never collide.
 const FIRST_KEY: usize = 1;
+/// Devices with shared CQs at most (a channel each).
+const MAX_CHANNELS: usize = 4095;
 /// CQs at most (at rxe's 32767 entries and the server's queue depths: 63 connections a
 /// CQ, so about 250,000 connections; fewer on a device with a smaller `max_cqe`);
 /// beyond, connections get their own CQ.
 const MAX_CQS: usize = 4095;
 // Above the CM channel's key, and within the first page, where no address points.
-const _: () = assert!(FIRST_KEY > super::CONN_EVENTS_KEY && FIRST_KEY + MAX_CQS <= 4096);
+const _: () = assert!(FIRST_KEY > super::CONN_EVENTS_KEY && FIRST_KEY + MAX_CHANNELS <= 4096);
 
 /// What to do with a connection that got completions.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -47,6 +53,8 @@ enum Then {
 }
 
 pub(crate) struct Shared {
+    /// One completion channel per device, watched by the event loop; its CQs signal it.
+    channels: Vec<Arc<CompletionChannel>>,
     cqs: Vec<Arc<SharedCq>>,
     /// Per CQ: the key of the live connection that owns each QP number (QP numbers are
     /// unique per device, and a CQ is on one device).
@@ -57,14 +65,14 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) const fn new() -> Shared {
-        Shared { cqs: Vec::new(), owners: Vec::new(), left: Vec::new() }
+        Shared { channels: Vec::new(), cqs: Vec::new(), owners: Vec::new(), left: Vec::new() }
     }
 }
 
-/// The CQ (by index) whose fd is watched with `key`, if `key` is one of ours.
-pub(crate) fn cq_of_key(key: usize) -> Option<usize> {
+/// The channel (by index) whose fd is watched with `key`, if `key` is one of ours.
+pub(crate) fn channel_of_key(key: usize) -> Option<usize> {
     let i = key.checked_sub(FIRST_KEY)?;
-    (i < lock(&MODULE.shared_cqs).cqs.len()).then_some(i)
+    (i < lock(&MODULE.shared_cqs).channels.len()).then_some(i)
 }
 
 /// Builds the endpoint of a new connection on a shared CQ with room for it (made and
@@ -102,9 +110,34 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
     if i >= MAX_CQS {
         return None;
     }
+    let channel = match s.channels.iter().find(|ch| ch.is_for(id)) {
+        Some(ch) => Arc::clone(ch),
+        None => {
+            let n = s.channels.len();
+            let ch = match CompletionChannel::of_device(id) {
+                Ok(ch) if n < MAX_CHANNELS => ch,
+                Ok(_) => return None,
+                Err(e) => {
+                    log_limited(format_args!(
+                        "RDMA: a completion channel for shared completion queues cannot be made ({e}); connections get their own"
+                    ));
+                    return None;
+                }
+            };
+            // (the channel serves until the process ends: the token is not kept)
+            if crate::server::watch_fd::<RdmaConnection>(ch.fd(), FIRST_KEY + n).is_none() {
+                log_limited(format_args!(
+                    "RDMA: a completion channel for shared completion queues cannot be watched; connections get their own"
+                ));
+                return None;
+            }
+            s.channels.push(Arc::clone(&ch));
+            ch
+        }
+    };
     // With no vector configured, the CQs take the device's vectors in turn.
     let vector = cfg.comp_vector.unwrap_or(i as u32);
-    let cq = match SharedCq::new(id, MAX_SHARED_CQES, vector) {
+    let cq = match SharedCq::on_channel(id, MAX_SHARED_CQES, vector, &channel) {
         // A device whose CQs cannot hold one connection's queues: no sharing there.
         Ok(cq) if cq.budget_now().capacity() < QueueDepths::DEFAULT.cqes() => return None,
         Ok(cq) => cq,
@@ -115,21 +148,16 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
             return None;
         }
     };
-    // (a shared CQ serves until the process ends: the token is not kept)
-    if crate::server::watch_fd::<RdmaConnection>(cq.fd(), FIRST_KEY + i).is_none() {
-        log_limited(format_args!("RDMA: a shared completion queue cannot be watched; connections get their own"));
-        return None;
-    }
     s.cqs.push(cq);
     s.owners.push(OwnerMap::default());
     s.left.push(false);
     Some(i)
 }
 
-/// The connection `key` owns QP `qp_num` on CQ `cq`: its completions go to it.
-pub(crate) fn register(cq: usize, qp_num: u32, key: usize) {
+/// The connection `c` owns QP `qp_num` on CQ `cq`: its completions go to it.
+pub(crate) fn register(cq: usize, qp_num: u32, c: &Arc<HostedConn>) {
     if let Some(o) = lock(&MODULE.shared_cqs).owners.get_mut(cq) {
-        o.insert(qp_num, key);
+        o.insert(qp_num, Arc::downgrade(c));
     }
 }
 
@@ -151,10 +179,16 @@ pub(crate) trait Delivery {
     fn queue(&mut self, c: &Arc<HostedConn>);
 }
 
-/// The fd of CQ `cq` fired.
-pub(crate) fn on_fd(cq: usize, d: &mut impl Delivery) {
+/// The fd of channel `channel` fired: each CQ it names is polled once.
+pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    poll(cq, Then::RunHandlers, d);
+    let Some(ch) = lock(&MODULE.shared_cqs).channels.get(channel).cloned() else { return };
+    ch.take_events(|cq| {
+        let i = lock(&MODULE.shared_cqs).cqs.iter().position(|q| q.is(cq));
+        if let Some(i) = i {
+            poll(i, Then::RunHandlers, d);
+        }
+    });
 }
 
 /// Polls CQ `cq` until it is empty, the connections that got completions queued: a
@@ -214,7 +248,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     {
         let mut shared = lock(&MODULE.shared_cqs);
         shared.left[cq] = left;
-        s.routes.route(&shared.owners[cq], &s.polled);
+        s.routes.route(&shared.owners[cq], &s.polled, Weak::upgrade);
     }
     s.deliver(then, d);
     s.put_back();
@@ -228,12 +262,11 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
 struct Scratch {
     /// The completions of the poll, in arrival order.
     polled: Vec<WorkCompletion>,
-    routes: Routes,
+    /// Each group holds its connection until its handlers ran; emptied before the
+    /// scratch is put back, so that a kept scratch holds no connection.
+    routes: Routes<Arc<HostedConn>>,
     /// Indices into `routes.groups`, in the order the handlers run.
     order: Vec<usize>,
-    /// Per group: its connection, if still live; emptied before the scratch is put back,
-    /// so that a kept scratch holds no connection.
-    conns: Vec<Option<Arc<HostedConn>>>,
 }
 
 thread_local! {
@@ -245,7 +278,7 @@ impl Scratch {
         SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
     }
 
-    /// The routed completions to their live connections, then their handlers (or the
+    /// The routed completions to their connections, then their handlers (or the
     /// pending list), in [`Routes::handler_order`].
     fn deliver(&mut self, then: Then, d: &mut impl Delivery) {
         // Every completion reaches its core before any handler runs: a handler may
@@ -253,14 +286,13 @@ impl Scratch {
         // find nothing of this one still undelivered, or a connection would see later
         // bytes first.
         self.routes.handler_order(&mut self.order);
-        live::get_each(self.routes.groups.iter().map(|g| g.key), &mut self.conns);
-        for (g, conn) in self.conns.iter().enumerate() {
-            if let Some(c) = conn {
+        for (g, group) in self.routes.groups.iter().enumerate() {
+            if let Some(c) = &group.owner {
                 d.completions(c, self.routes.completions_of(g));
             }
         }
         for &g in &self.order {
-            let Some(c) = self.conns[g].take() else { continue };
+            let Some(c) = self.routes.groups[g].owner.take() else { continue };
             match then {
                 Then::RunHandlers => d.run(&c),
                 Then::Queue => d.queue(&c),
@@ -268,72 +300,125 @@ impl Scratch {
         }
     }
 
-    /// `routes` and `order` are cleared where they are filled; `polled` is pushed to,
-    /// and `conns` must not keep a connection alive.
+    /// `routes` and `order` are cleared where they are filled (and the routes' groups
+    /// here: they must not keep a connection alive); `polled` is pushed to.
     fn put_back(mut self) {
         self.polled.clear();
-        self.conns.clear();
+        self.routes.groups.clear();
         SCRATCHES.with_borrow_mut(|kept| kept.push(self));
     }
 }
 
+/// Groups up to this many are found by a scan of the groups; beyond, by a table.
+const SCANNED_GROUPS: usize = 8;
+/// `Routes::group_of_wc` of a completion whose QP has no owner.
+const NO_GROUP: u32 = u32::MAX;
+
 /// One poll's completions by the connection that owns their QP: `groups` in the order
 /// each connection first appears, and each group's completions in arrival order.
-#[derive(Default)]
-struct Routes {
-    groups: Vec<Group>,
+/// `T` is the owner (the connection; a plain key in the tests), resolved once per group.
+struct Routes<T> {
+    groups: Vec<Group<T>>,
     /// The completions, group after group: group `g`'s end where group `g + 1`'s begin.
     by_group: Vec<WorkCompletion>,
-    /// Connection key → its index in `groups`.
-    group_of_key: HashMap<usize, usize, AddressHash>,
-    /// (group, index in the poll) of each completion that has an owner, sorted.
-    slots: Vec<(usize, usize)>,
+    /// Per completion of the poll: its group, or [`NO_GROUP`].
+    group_of_wc: Vec<u32>,
+    /// QP number → its group, once there are more than [`SCANNED_GROUPS`].
+    group_of_qp: HashMap<u32, usize, AddressHash>,
     /// For `handler_order`: (first receive, group) of the groups that received.
     receivers: Vec<(usize, usize)>,
 }
 
+impl<T> Default for Routes<T> {
+    fn default() -> Self {
+        Routes {
+            groups: Vec::new(),
+            by_group: Vec::new(),
+            group_of_wc: Vec::new(),
+            group_of_qp: HashMap::default(),
+            receivers: Vec::new(),
+        }
+    }
+}
+
 /// One connection's place in one poll.
-struct Group {
-    key: usize,
+struct Group<T> {
+    /// `None` once its handlers ran.
+    owner: Option<T>,
+    qp: u32,
     /// Where its first receive came in the poll, if it had one.
     first_receive: Option<usize>,
-    /// Where its completions end in `Routes::by_group`.
+    /// How many completions it has, then where they end in `Routes::by_group`.
     end: usize,
 }
 
-impl Routes {
+impl<T> Routes<T> {
     fn clear(&mut self) {
         self.groups.clear();
         self.by_group.clear();
-        self.group_of_key.clear();
-        self.slots.clear();
+        self.group_of_wc.clear();
+        if !self.group_of_qp.is_empty() {
+            self.group_of_qp.clear();
+        }
         self.receivers.clear();
     }
 
     /// Sorts `wcs` by the connection that owns their QP, in the order each connection
     /// first appears and in arrival order within each; those of QPs with no owner (a
-    /// closed connection) are dropped.
-    fn route(&mut self, owners: &OwnerMap, wcs: &[WorkCompletion]) {
+    /// closed connection) are dropped. No sorting and, for a few connections, no
+    /// hashing: each completion's group is found (the last one's, a scan of a few, or
+    /// the table), the groups are counted, and the completions placed by the counts.
+    /// `resolve` turns an owner into a connection (`None`: gone).
+    fn route<O>(&mut self, owners: &OwnerMap<O>, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> Option<T>) {
         self.clear();
+        let mut last = (NO_GROUP, NO_GROUP); // (qp, its group) of the completion before
         for (i, wc) in wcs.iter().enumerate() {
-            let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-            let groups = &mut self.groups;
-            let g = *self.group_of_key.entry(key).or_insert_with(|| {
-                groups.push(Group { key, first_receive: None, end: 0 });
-                groups.len() - 1
-            });
+            let qp = wc.qp_num();
+            let g = if qp == last.0 { last.1 } else { self.group_of(owners, qp, &resolve) };
+            last = (qp, g);
+            self.group_of_wc.push(g);
+            let Some(group) = self.groups.get_mut(g as usize) else { continue };
+            group.end += 1;
             if wc.is_receive() {
-                groups[g].first_receive.get_or_insert(i);
+                group.first_receive.get_or_insert(i);
             }
-            self.slots.push((g, i));
         }
-        // (group, index) pairs are distinct: unstable sorting keeps arrival order within
-        // a group, and allocates nothing.
-        self.slots.sort_unstable();
-        self.by_group.extend(self.slots.iter().map(|&(_, i)| wcs[i]));
-        for (at, &(g, _)) in self.slots.iter().enumerate() {
-            self.groups[g].end = at + 1;
+        // counts → where each group starts, then each completion to its place
+        let mut at = 0;
+        for group in &mut self.groups {
+            (group.end, at) = (at, at + group.end);
         }
+        let Some(&filler) = wcs.first() else { return };
+        self.by_group.resize(at, filler);
+        for (wc, &g) in wcs.iter().zip(&self.group_of_wc) {
+            if let Some(group) = self.groups.get_mut(g as usize) {
+                self.by_group[group.end] = *wc;
+                group.end += 1;
+            }
+        }
+    }
+
+    /// The group of QP `qp` in this poll, made when it is the first completion of its
+    /// QP; [`NO_GROUP`] when no connection owns it.
+    fn group_of<O>(&mut self, owners: &OwnerMap<O>, qp: u32, resolve: impl Fn(&O) -> Option<T>) -> u32 {
+        let found = if self.groups.len() <= SCANNED_GROUPS {
+            self.groups.iter().position(|g| g.qp == qp)
+        } else {
+            if self.group_of_qp.is_empty() {
+                self.group_of_qp.extend(self.groups.iter().enumerate().map(|(g, group)| (group.qp, g)));
+            }
+            self.group_of_qp.get(&qp).copied()
+        };
+        if let Some(g) = found {
+            return g as u32;
+        }
+        let Some(owner) = owners.get(&qp).and_then(resolve) else { return NO_GROUP };
+        let g = self.groups.len();
+        self.groups.push(Group { owner: Some(owner), qp, first_receive: None, end: 0 });
+        if !self.group_of_qp.is_empty() {
+            self.group_of_qp.insert(qp, g);
+        }
+        g as u32
     }
 
     fn completions_of(&self, g: usize) -> &[WorkCompletion] {
@@ -355,6 +440,11 @@ impl Routes {
     /// order the requests arrived, as they do when each connection has a wake-up of its
     /// own.
     fn handler_order(&mut self, order: &mut Vec<usize>) {
+        if self.groups.len() == 1 {
+            order.clear();
+            order.push(0);
+            return;
+        }
         let groups = &self.groups;
         self.receivers.clear();
         self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
@@ -365,20 +455,21 @@ impl Routes {
     }
 }
 
-/// Per CQ: QP number → key of the connection that owns it.
-type OwnerMap = HashMap<u32, usize, AddressHash>;
+/// Per CQ: QP number → the connection that owns it (weakly: a connection is taken out
+/// when it closes, and never kept alive by its CQ).
+type OwnerMap<T = Weak<HostedConn>> = HashMap<u32, T, AddressHash>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn owners(pairs: &[(u32, usize)]) -> OwnerMap {
+    fn owners(pairs: &[(u32, usize)]) -> OwnerMap<usize> {
         pairs.iter().copied().collect()
     }
 
-    fn routed(routes: &Routes) -> Vec<(usize, Vec<u64>)> {
+    fn routed(routes: &Routes<usize>) -> Vec<(usize, Vec<u64>)> {
         (0..routes.groups.len())
-            .map(|g| (routes.groups[g].key, routes.completions_of(g).iter().map(|wc| wc.wr_id()).collect()))
+            .map(|g| (routes.groups[g].owner.unwrap(), routes.completions_of(g).iter().map(|wc| wc.wr_id()).collect()))
             .collect()
     }
 
@@ -406,10 +497,11 @@ mod tests {
     fn a_poll_delivers_to_several_live_connections_then_runs_them_latest_request_first() {
         use crate::transport::connection::tests::{connection, serial};
         let _s = serial();
-        let (a, b, c, gone) = (connection(0, true), connection(0, true), connection(0, true), connection(0, true));
-        let owners = owners(&[(1, a.key()), (2, b.key()), (3, c.key()), (4, gone.key())]);
-        // closed after the poll took its completions: they are dropped
-        live::remove(&gone);
+        let (a, b, c) = (connection(0, true), connection(0, true), connection(0, true));
+        let mut owners: OwnerMap = [(1, &a), (2, &b), (3, &c)].iter().map(|(qp, c)| (*qp, Arc::downgrade(c))).collect();
+        // QP 4's connection is gone (freed) before the poll's completions are delivered:
+        // they are dropped
+        owners.insert(4, Weak::new());
         // b's request first, then a's; c only had a send complete (its window reopened)
         let wcs = vec![
             WorkCompletion::received(2, 1),
@@ -421,7 +513,7 @@ mod tests {
         ];
         for then in [Then::RunHandlers, Then::Queue] {
             let mut s = Scratch::default();
-            s.routes.route(&owners, &wcs);
+            s.routes.route(&owners, &wcs, Weak::upgrade);
             let mut d = Record::default();
             s.deliver(then, &mut d);
             assert_eq!(d.completions, vec![(b.key(), vec![1, 5]), (c.key(), vec![2]), (a.key(), vec![4])]);
@@ -431,7 +523,7 @@ mod tests {
                 vec![(a.key(), how), (b.key(), how), (c.key(), how)],
                 "latest first receive first, then the connections without a receive"
             );
-            assert!(s.conns.iter().all(Option::is_none), "the scratch keeps no connection alive");
+            assert!(s.routes.groups.iter().all(|g| g.owner.is_none()), "the scratch keeps no connection alive");
         }
         for x in [&a, &b, &c] {
             crate::transport::connection::close(x);
@@ -446,12 +538,12 @@ mod tests {
             .map(|(qp, id)| WorkCompletion::received(qp, id))
             .collect();
         let mut routes = Routes::default();
-        routes.route(&owners, &wcs);
+        routes.route(&owners, &wcs, |k| Some(*k));
         assert_eq!(routed(&routes), vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
         // A kept scratch routes the next poll afresh.
-        routes.route(&owners, &wcs[4..]);
+        routes.route(&owners, &wcs[4..], |k| Some(*k));
         assert_eq!(routed(&routes), vec![(0xa040, vec![5]), (0xa000, vec![6])]);
-        routes.route(&owners, &[WorkCompletion::received(99, 7)]);
+        routes.route(&owners, &[WorkCompletion::received(99, 7)], |k| Some(*k));
         assert_eq!(routed(&routes), vec![]);
     }
 
@@ -473,8 +565,42 @@ mod tests {
                         None => want.push((key, vec![wc.wr_id()])),
                     }
                 }
-                routes.route(&owners, &wcs);
+                routes.route(&owners, &wcs, |k| Some(*k));
                 assert_eq!(routed(&routes), want, "qps {qps:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn routing_past_the_scanned_groups_matches_a_plain_grouping() {
+        // 40 QPs (odd ones closed), so that polls pass SCANNED_GROUPS and use the table;
+        // sequences of up to 300 completions from a fixed pseudo-random walk.
+        let owners: OwnerMap<usize> = (0..40u32).filter(|q| q % 2 == 0).map(|q| (q, 0x1000 + q as usize)).collect();
+        let mut routes = Routes::default();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in [9usize, 17, 64, 300] {
+            for _ in 0..20 {
+                let wcs: Vec<WorkCompletion> = (0..len)
+                    .map(|i| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        WorkCompletion::received((x % 40) as u32, i as u64)
+                    })
+                    .collect();
+                let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
+                for wc in &wcs {
+                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
+                    match want.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, ids)) => ids.push(wc.wr_id()),
+                        None => want.push((key, vec![wc.wr_id()])),
+                    }
+                }
+                routes.route(&owners, &wcs, |k| Some(*k));
+                assert_eq!(routed(&routes), want, "{len} completions");
+                if len >= 64 {
+                    assert!(routes.groups.len() > SCANNED_GROUPS, "the table was not reached");
+                }
             }
         }
     }
@@ -493,13 +619,13 @@ mod tests {
             WorkCompletion::received(11, 6),
         ];
         let mut routes = Routes::default();
-        routes.route(&owners, &wcs);
+        routes.route(&owners, &wcs, |k| Some(*k));
         let mut order = vec![7];
         routes.handler_order(&mut order);
-        let keys: Vec<usize> = order.iter().map(|&g| routes.groups[g].key).collect();
+        let keys: Vec<usize> = order.iter().map(|&g| routes.groups[g].owner.unwrap()).collect();
         // requests arrived 11, 10, 12: handlers run 12, 10, 11, then 13
         assert_eq!(keys, vec![0xc000, 0xa000, 0xb000, 0xd000]);
-        routes.route(&owners, &[]);
+        routes.route(&owners, &[], |k| Some(*k));
         routes.handler_order(&mut order);
         assert_eq!(order, Vec::<usize>::new());
     }
@@ -519,8 +645,8 @@ mod tests {
     }
 
     #[test]
-    fn keys_of_cqs_stay_below_every_connection_key() {
-        assert_eq!(cq_of_key(0), None);
-        assert_eq!(cq_of_key(0x7f00_0000_1000), None);
+    fn keys_of_channels_stay_below_every_connection_key() {
+        assert_eq!(channel_of_key(0), None);
+        assert_eq!(channel_of_key(0x7f00_0000_1000), None);
     }
 }

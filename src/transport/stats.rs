@@ -161,6 +161,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("completions_per_wakeup_x100", (completions * 100).checked_div(wakeups).unwrap_or(0)),
         Field::Num("completion_budget_hits", get(&s.budget_hits)),
         Field::Num("shared_completion_queues", now.shared_cqs),
+        Field::Num("buffer_chunks", crate::verbs::buffer_chunks() as u64),
         Field::Dict(
             "protocol_violations",
             Violation::KINDS.iter().zip(&s.violations).map(|(k, c)| (*k, get(c))).collect(),

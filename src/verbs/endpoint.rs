@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use super::buffer::PinnedBuffer;
 use super::cq::CompletionQueue;
 use super::mr::{MemoryRegion, ProtectionDomain};
-use super::resources::{loaded, CmId, PinnedBuffer};
+use super::resources::{loaded, CmId};
 use super::shared_cq::{poll_channel_cq, CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
 use super::tx_plan;
@@ -40,6 +41,12 @@ const TX_SLOTS: usize = 64;
 const SIGNAL_EVERY: u32 = 64;
 /// Send-queue entries kept free for control messages (RegisterXferMemory, Keepalive).
 const SQ_RESERVED_FOR_CONTROL: u64 = 32;
+/// Writes are posted inline up to the room the device grants a send queue's entries
+/// without being asked (rxe: 32 bytes), and never longer than this (docs/protocol.md
+/// §4.1): `+OK`, an integer, a short value need no TX buffer then. Asking for more
+/// costs queue memory on every connection: 128 bytes on rxe doubles each send queue
+/// entry (128 KiB more per connection, measured).
+pub(crate) const INLINE_WRITE_MAX: u32 = 128;
 
 /// The depths of one endpoint's queues. [`QueueDepths::DEFAULT`] is what the server
 /// and the ordinary client use; a client that holds many idle connections uses less
@@ -148,6 +155,9 @@ pub struct Endpoint {
     writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
     unsignaled_run: u32,
+    /// The longest write posted inline (the device copies the bytes into the work
+    /// request: no TX buffer is touched); 0 where the device offers none.
+    max_inline: u32,
 }
 
 /// Where an endpoint's completions go.
@@ -207,7 +217,7 @@ unsafe impl Send for Endpoint {}
 /// whole pages. The one place that knows the layout; the start-up memlock check and the
 /// refusal hints use it.
 pub fn pinned_bytes(rx_size: u32, peer_rx_size: u32) -> u64 {
-    let page = super::resources::page_size() as u64;
+    let page = super::buffer::page_size() as u64;
     let pages = |n: u64| n.max(1).div_ceil(page) * page;
     pages(((RX_SLOTS + TX_SLOTS) * CONTROL_MESSAGE_LEN) as u64) + pages(rx_size.into()) + pages(peer_rx_size.into())
 }
@@ -271,13 +281,14 @@ impl Endpoint {
             _live: LiveEndpoint::new(),
             depths,
             rx_iova: 0,
-            tx_chunk: cfg.tx_chunk.max(super::resources::page_size() as u32),
+            tx_chunk: cfg.tx_chunk.max(super::buffer::page_size() as u32),
             tx_len_wanted: 0,
             #[cfg(feature = "test-hooks")]
             repost_receives: true,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
             unsignaled_run: 0,
+            max_inline: 0,
         };
         match ep.build(verbs, cfg) {
             Ok(()) => Ok(ep),
@@ -309,10 +320,14 @@ impl Endpoint {
         attr.cap.max_recv_wr = ep.depths.recv;
         attr.cap.max_send_sge = tx_plan::SGES_PER_WR as u32; // one per TX chunk a request touches
         attr.cap.max_recv_sge = 1;
+        // No inline room is asked for: what the device grants anyway (the room its send
+        // queue entries have for the scatter entries) is used, and no more is bought.
+        attr.cap.max_inline_data = 0;
         // SAFETY: the id, domain and CQ are live; the id owns the QP from here on.
         if unsafe { (loaded().rdma_create_qp)(ep.id.as_ptr(), pd.as_ptr(), &mut attr) } != 0 {
             return Err(VerbsError::last(VerbsOp::CreateQp));
         }
+        ep.max_inline = attr.cap.max_inline_data.min(INLINE_WRITE_MAX);
         if let Some(EndpointCq::Shared(s)) = &mut ep.cq {
             // From here on dropping the attachment retires the number on the shared CQ.
             // SAFETY: the QP was just created on the id.
@@ -608,7 +623,7 @@ mod tests {
     #[test]
     fn pinned_bytes_counts_every_registered_buffer_in_pages() {
         // 320 control slots of 32 bytes (10 KiB: 3 pages), a 1 MiB RX buffer, a 1 MiB TX buffer
-        let page = crate::verbs::resources::page_size() as u64;
+        let page = crate::verbs::buffer::page_size() as u64;
         let slots = (320 * 32u64).div_ceil(page) * page;
         assert_eq!(pinned_bytes(1 << 20, 1 << 20), slots + 2 * (1 << 20));
         assert_eq!(pinned_bytes(1, 1), slots + 2 * page);

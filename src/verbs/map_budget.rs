@@ -1,18 +1,16 @@
 //! Admission by memory mappings: a process may hold at most `vm.max_map_count`
-//! mappings (65530 by default), and every RDMA connection costs several: the control
-//! slots and the RX buffer (each with its two guard pages: up to 3 mappings each), a TX
-//! buffer once it writes (3 more), and the provider's queues mapped into the process
-//! (rxe: send queue, receive queue, CQ). Measured in the Soft-RoCE guest: 8 per idle
-//! server connection.
+//! mappings (65530 by default). A connection's buffers are slots of shared chunks
+//! ([`buffer`](super::buffer)), so what each connection adds is the provider's queues
+//! mapped into the process (rxe: send and receive queue, and a CQ where it has its own);
+//! a chunk adds three mappings for hundreds of buffers.
 //!
-//! Without a check, the connection that crosses the limit is refused (a guard page
-//! cannot be made) — but so is, later, every *established* connection that needs a
-//! new TX buffer for its next reply: at 7,907 connections in a 65530-mapping process,
-//! 5,300 held connections were closed when they were PINGed again. So a new endpoint is
-//! admitted only while the process keeps room for it ([`MAPS_PER_NEW_ENDPOINT`]) *and*
-//! for a TX buffer of every live endpoint ([`MAPS_RESERVED_PER_LIVE`]), plus
-//! [`MAPS_HEADROOM`] for the rest of the process; beyond that it is refused
-//! ([`VerbsOp::MapCount`](super::VerbsOp::MapCount)) before anything is made.
+//! Without a check, the connection that crosses the limit is refused (a chunk cannot be
+//! mapped) — but so is, later, every *established* connection whose next reply needs a
+//! TX buffer from a chunk not yet made. So a new endpoint is admitted only while the
+//! process keeps room for it ([`MAPS_PER_NEW_ENDPOINT`]) *and* for the chunks of a TX
+//! buffer of every live endpoint ([`reserved_for`]), plus [`MAPS_HEADROOM`] for the rest
+//! of the process; beyond that it is refused ([`VerbsOp::MapCount`](super::VerbsOp::MapCount))
+//! before anything is made.
 //!
 //! Counting the mappings means reading `/proc/self/maps` (tens of thousands of lines
 //! near the limit), so it is done only when an estimate (the last count plus
@@ -25,11 +23,17 @@ use std::time::{Duration, Instant};
 
 use super::{Result, VerbsError, VerbsOp};
 
-/// Mappings a new endpoint may add at most: control slots, RX and TX buffer with guard
-/// pages (3 each), the provider's queue mappings (3).
-pub const MAPS_PER_NEW_ENDPOINT: u64 = 12;
-/// Mappings kept free per live endpoint: a TX buffer it may make at its next write.
-pub const MAPS_RESERVED_PER_LIVE: u64 = 3;
+/// Mappings an endpoint holds of its own: the provider's queues (rxe: send queue,
+/// receive queue, and the CQ where it cannot share one).
+pub const MAPS_PER_ENDPOINT: u64 = 3;
+/// Mappings of a chunk of buffers: the chunk and its two guard pages.
+pub const MAPS_PER_CHUNK: u64 = 3;
+/// Mappings a new endpoint may add at most: its own, and a new chunk each for its
+/// control slots and its RX buffer.
+pub const MAPS_PER_NEW_ENDPOINT: u64 = MAPS_PER_ENDPOINT + 2 * MAPS_PER_CHUNK;
+/// Buffers of one chunk, at the least, for a TX buffer of up to 2 MiB (a client's RX
+/// buffer: libvalkey's 1 MiB, ours up to 16 MiB by option).
+const TX_BUFFERS_PER_CHUNK: u64 = 16;
 /// Mappings kept free for everything else in the process (allocator, libraries, fork).
 pub const MAPS_HEADROOM: u64 = 256;
 /// After a refusal, later requests are refused without counting again for this long,
@@ -66,7 +70,7 @@ impl MapBudget {
     }
     /// Mappings needed free for one more endpoint with `live` endpoints already there.
     pub fn needed(live: u64) -> u64 {
-        MAPS_PER_NEW_ENDPOINT + live * MAPS_RESERVED_PER_LIVE + MAPS_HEADROOM
+        MAPS_PER_NEW_ENDPOINT + reserved_for(live) + MAPS_HEADROOM
     }
     pub fn check(&self, live: u64, now: Instant) -> Check {
         let estimate = self.counted + self.made_since * MAPS_PER_NEW_ENDPOINT;
@@ -97,6 +101,12 @@ impl MapBudget {
     pub fn refuse(&mut self, live: u64, now: Instant) {
         self.refused = Some((now, live));
     }
+}
+
+/// Mappings kept free for the chunks that TX buffers of `live` endpoints may need (each
+/// makes its TX buffer at its first write, and gives it back when idle).
+pub fn reserved_for(live: u64) -> u64 {
+    (live * MAPS_PER_CHUNK).div_ceil(TX_BUFFERS_PER_CHUNK)
 }
 
 static BUDGET: Mutex<Option<MapBudget>> = Mutex::new(None);
@@ -147,11 +157,26 @@ pub(super) fn admit(live: u64) -> Result<()> {
     Ok(())
 }
 
-/// Mappings a server needs for `clients` connections that each have written (control
-/// slots, RX and TX buffer, provider queues): what the doctor checks the limit against.
-/// The server itself and its libraries take about [`MAPS_HEADROOM`] more.
+/// Mappings a server needs for `clients` connections that each have written (their own,
+/// and chunks for their control slots, RX and TX buffers; at most two chunks per
+/// [`TX_BUFFERS_PER_CHUNK`] clients): what the doctor checks the limit against. The
+/// server itself and its libraries take about [`MAPS_HEADROOM`] more.
 pub fn maps_for_clients(clients: u64) -> u64 {
-    clients * MAPS_PER_NEW_ENDPOINT + MAPS_HEADROOM
+    clients * MAPS_PER_ENDPOINT + 2 * reserved_for(clients) + MAPS_HEADROOM
+}
+
+/// How many clients `limit` mappings hold, by [`maps_for_clients`].
+pub fn clients_for_maps(limit: u64) -> u64 {
+    let (mut lo, mut hi) = (0u64, limit);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if maps_for_clients(mid) <= limit {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// The last count: (mappings, `vm.max_map_count`), for log lines.
@@ -168,29 +193,37 @@ mod tests {
         let t = Instant::now();
         let mut b = MapBudget::new(65530, 200);
         assert_eq!(b.check(0, t), Check::Admit);
-        // 200 + 12 + 3 × 4000 + 256 = 12468: far
+        // needed with 4000 live: 9 + 750 + 256 = 1015
+        assert_eq!(MapBudget::needed(4000), 1015);
         assert_eq!(b.check(4000, t), Check::Admit);
-        for _ in 0..5000 {
+        for _ in 0..7200 {
             b.made();
         }
-        // estimate 200 + 12 × 5000 = 60200; needed with 4000 live 12268: over, so count
+        // estimate 200 + 9 × 7200 = 65000, + 1015: over, so count
         assert_eq!(b.check(4000, t), Check::Count);
-        b.counted(32200, 65530); // 8 per endpoint in fact
-        assert!(b.admits(4000), "32200 + 12268 <= 65530");
+        b.counted(14600, 65530); // 2 per endpoint in fact
+        assert!(b.admits(4000));
         assert_eq!(b.check(4000, t), Check::Admit);
     }
 
     #[test]
-    fn where_the_default_limit_stops_idle_server_connections() {
-        // 8 mappings per idle connection (measured), 200 for the rest of the server
+    fn the_default_limit_holds_ten_thousand_idle_server_connections_that_can_all_reply() {
+        // what an idle connection holds (rxe: send and receive queue; 3 where it has its
+        // own CQ), a chunk per 1024 control slots and per 512 RX buffers, 200 for the rest
+        let held =
+            |live: u64| 200 + MAPS_PER_ENDPOINT * live + MAPS_PER_CHUNK * (live.div_ceil(1024) + live.div_ceil(512));
         let mut live = 0u64;
-        while MapBudget::new(65530, 200 + 8 * live).admits(live) {
+        while MapBudget::new(65530, held(live)).admits(live) {
             live += 1;
         }
-        assert_eq!(live, (65530 - 200 - 12 - 256) / 11 + 1);
-        assert!(live > 5900 && live < 6000, "{live}");
-        // with the TX buffer reserved, every one of them can still reply
-        assert!(200 + 8 * live + 3 * live <= 65530);
+        assert!(live > 10_000, "{live}");
+        // with the TX buffers' chunks reserved, every one of them can still reply
+        assert!(held(live) + live.div_ceil(TX_BUFFERS_PER_CHUNK) * MAPS_PER_CHUNK <= 65530);
+        // and the doctor's estimate is on the safe side of it
+        assert!(clients_for_maps(65530) <= live, "{} > {live}", clients_for_maps(65530));
+        assert!(clients_for_maps(65530) > 10_000);
+        assert!(maps_for_clients(clients_for_maps(65530)) <= 65530);
+        assert!(maps_for_clients(clients_for_maps(65530) + 1) > 65530);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! types and the inline verbs (`ibv_post_send`, `ibv_poll_cq`, … dispatch through the
 //! context's ops table); the exported functions come from [`lib()`].
 
+mod buffer;
 mod cq;
 mod dynlib;
 mod endpoint;
@@ -18,13 +19,16 @@ mod nic;
 pub mod pinned;
 mod resources;
 mod shared_cq;
+mod slots;
 mod system;
 mod tx_buffers;
 mod tx_plan;
 
+pub(crate) use buffer::chunks as buffer_chunks;
+pub(crate) use cq::CompletionChannel;
 pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, TX_CHUNK};
-pub use map_budget::{map_count_now, maps_for_clients, max_map_count, MAPS_PER_NEW_ENDPOINT};
+pub use map_budget::{clients_for_maps, map_count_now, maps_for_clients, max_map_count, MAPS_PER_ENDPOINT};
 pub use resources::{CmEvent, CmId, ConnParams, EventChannel};
 pub use shared_cq::{SharedCq, WorkCompletion, MAX_SHARED_CQES};
 pub use system::{device_count, fork_init, memlock_limit, physical_memory, wait_readable};

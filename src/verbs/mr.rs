@@ -132,7 +132,7 @@ pub(super) fn peer_address(addr: u64) -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
     let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % (1 << 30) + 1;
-    (slot << 32) | (addr & (super::resources::page_size() as u64 - 1))
+    (slot << 32) | (addr & (super::buffer::page_size() as u64 - 1))
 }
 
 /// A TX chunk or a control slot is only read and written by our own device (the
@@ -153,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_peer_address_hides_the_buffer_and_keeps_its_page_offset() {
-        let page = crate::verbs::resources::page_size() as u64;
+        let page = crate::verbs::buffer::page_size() as u64;
         let at = 0x7f3a_1234_5000u64 + 0x10;
         let (a, b) = (peer_address(at), peer_address(at));
         assert_ne!(a, at);

@@ -27,11 +27,12 @@
 //! [`VerbsOp::AttachCq`]: super::VerbsOp::AttachCq
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdma_sys::*;
 
-use super::cq::CompletionQueue;
+use super::cq::{CompletionChannel, CompletionQueue};
 use super::resources::{loaded, CmId};
 use super::{Result, VerbsError, VerbsOp};
 
@@ -179,7 +180,13 @@ impl WorkCompletion {
 pub struct SharedCq {
     verbs: *mut ibv_context,
     queue: CompletionQueue,
+    /// Whether the channel is this CQ's alone: then a poll takes its event. A channel
+    /// other CQs share is read by its owner ([`CompletionChannel::take_events`]).
+    own_channel: bool,
     budget: Mutex<CqBudget>,
+    /// The budget's retired count, readable without its lock: a poll of a CQ with no
+    /// retired QP (nearly every poll) takes no lock.
+    retired: AtomicUsize,
 }
 
 // SAFETY: the queue is a verbs object owned by this struct; the device context is
@@ -195,6 +202,26 @@ impl SharedCq {
     /// `max_cqe`) on the device of `id`, whose address (client: route) is resolved;
     /// armed, its channel non-blocking.
     pub fn new(id: &CmId, capacity: u32, comp_vector: u32) -> Result<Arc<SharedCq>> {
+        Self::make(id, capacity, comp_vector, None)
+    }
+
+    /// As [`new`](Self::new), signalling `channel`, which the other CQs of the device
+    /// share (the server's: one fd for all of them).
+    pub(crate) fn on_channel(
+        id: &CmId,
+        capacity: u32,
+        comp_vector: u32,
+        channel: &Arc<CompletionChannel>,
+    ) -> Result<Arc<SharedCq>> {
+        Self::make(id, capacity, comp_vector, Some(channel))
+    }
+
+    fn make(
+        id: &CmId,
+        capacity: u32,
+        comp_vector: u32,
+        channel: Option<&Arc<CompletionChannel>>,
+    ) -> Result<Arc<SharedCq>> {
         let verbs = id.raw().verbs;
         if verbs.is_null() {
             return Err(VerbsError::with(VerbsOp::NoDevice, libc::ENODEV));
@@ -210,10 +237,30 @@ impl SharedCq {
             }
         };
         let capacity = capacity.clamp(1, MAX_SHARED_CQES.min(max_cqe));
-        // SAFETY: `verbs` is the live device context of `id`.
-        let queue = unsafe { CompletionQueue::new(verbs, capacity, comp_vector)? };
-        let s = SharedCq { verbs, queue, budget: Mutex::new(CqBudget::new(capacity)) };
+        if channel.is_some_and(|ch| !ch.is_for(id)) {
+            return Err(VerbsError::with(VerbsOp::CreateCq, libc::EXDEV));
+        }
+        // SAFETY: `verbs` is the live device context of `id`; a channel given is of the
+        // same device (checked).
+        let queue = unsafe {
+            match channel {
+                Some(ch) => CompletionQueue::on_channel(verbs, capacity, comp_vector, Arc::clone(ch))?,
+                None => CompletionQueue::new(verbs, capacity, comp_vector)?,
+            }
+        };
+        let s = SharedCq {
+            verbs,
+            queue,
+            own_channel: channel.is_none(),
+            budget: Mutex::new(CqBudget::new(capacity)),
+            retired: AtomicUsize::new(0),
+        };
         Ok(Arc::new(s))
+    }
+
+    /// Whether `cq` is this CQ (an event of a shared channel names its CQ).
+    pub(crate) fn is(&self, cq: *mut ibv_cq) -> bool {
+        self.queue.cq_ptr() == cq
     }
 
     /// Whether a QP of `id`'s device whose queues fill `cqes` entries fits on this CQ.
@@ -223,11 +270,18 @@ impl SharedCq {
     /// Whether completions of destroyed QPs may still be queued (their numbers are
     /// retired until a poll finds the CQ empty, and a new QP cannot take one of them).
     pub fn has_retired(&self) -> bool {
-        self.budget().retired_count() > 0
+        self.retired.load(Ordering::Acquire) > 0
     }
 
     fn budget(&self) -> MutexGuard<'_, CqBudget> {
         self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Changes the budget under its lock and keeps the retired count's mirror.
+    fn change_budget<R>(&self, f: impl FnOnce(&mut CqBudget) -> R) -> R {
+        let mut b = self.budget();
+        let r = f(&mut b);
+        self.retired.store(b.retired_count(), Ordering::Release);
+        r
     }
     /// The bookkeeping now (capacity, reserved entries, QPs attached).
     pub fn budget_now(&self) -> CqBudget {
@@ -242,15 +296,17 @@ impl SharedCq {
         &self.queue
     }
 
-    /// Consumes a pending notification (if any), re-arms the CQ and polls up to
+    /// Consumes a pending notification of its own channel (if any; a shared channel's
+    /// events are taken by its owner), re-arms the CQ and polls up to
     /// `budget` completions, handing each of a live QP to `f` (those of destroyed QPs
     /// are dropped). Returns whether completions may be left, as
     /// [`Endpoint::poll`](super::Endpoint::poll): the caller comes back for them.
     pub fn poll(&self, budget: usize, mut f: impl FnMut(WorkCompletion)) -> Result<bool> {
-        let retired_before = self.budget().retired_count();
+        let retired_before = self.retired.load(Ordering::Acquire);
         // SAFETY: the channel and CQ are live while self is.
         let left = unsafe {
-            poll_channel_cq(self.queue.channel_ptr(), self.queue.cq_ptr(), budget, |batch| {
+            let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
+            poll_channel_cq(channel, self.queue.cq_ptr(), budget, |batch| {
                 // Usually no QP is retired: then nothing is filtered, copied or held.
                 if !self.has_retired() {
                     batch.iter().map(WorkCompletion::from_raw).for_each(&mut f);
@@ -265,21 +321,21 @@ impl SharedCq {
                 Ok(())
             })?
         };
-        if !left {
-            self.budget().drained(retired_before);
+        if !left && retired_before > 0 {
+            self.change_budget(|b| b.drained(retired_before));
         }
         Ok(left)
     }
 }
 
 /// One wake-up of a completion channel and its CQ: consumes a pending notification (if
-/// any), re-arms the CQ, then polls up to `budget` completions in batches of 32, each
+/// any, and if `channel` is not null: a channel other CQs share is read by its owner), re-arms the CQ, then polls up to `budget` completions in batches of 32, each
 /// batch handed to `f`. Returns whether completions may be left (the budget ran out):
 /// the channel signals only new ones, so the caller must come back for them. The one
 /// poll loop of both kinds of CQ: an endpoint's own and a shared one.
 ///
 /// # Safety
-/// `channel` and `cq` must be live, `cq` created on `channel`.
+/// `channel` (unless null) and `cq` must be live, `cq` created on `channel`.
 pub(super) unsafe fn poll_channel_cq(
     channel: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
@@ -291,7 +347,7 @@ pub(super) unsafe fn poll_channel_cq(
     let mut ev_ctx: *mut c_void = std::ptr::null_mut();
     // SAFETY: per the contract; the channel is non-blocking; an event, if returned, is
     // acked once.
-    if unsafe { (l.ibv_get_cq_event)(channel, &mut ev_cq, &mut ev_ctx) } == 0 {
+    if !channel.is_null() && unsafe { (l.ibv_get_cq_event)(channel, &mut ev_cq, &mut ev_ctx) } == 0 {
         // SAFETY: one ack for the one event just taken, before re-arming.
         unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
     }
@@ -299,21 +355,23 @@ pub(super) unsafe fn poll_channel_cq(
     if unsafe { ibv_req_notify_cq(cq, 0) } != 0 {
         return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
     }
-    // SAFETY: all-zero is a valid ibv_wc (plain integers).
-    let mut wcs: [ibv_wc; 32] = unsafe { std::mem::zeroed() };
+    // (not zeroed: 1.5 KiB a poll; the device writes the entries it returns)
+    let mut wcs = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 32];
     let mut left = budget;
     while left > 0 {
         let want = left.min(wcs.len());
         // SAFETY: `wcs` has room for `want` <= 32 entries.
-        let n = unsafe { ibv_poll_cq(cq, want as i32, wcs.as_mut_ptr()) };
+        let n = unsafe { ibv_poll_cq(cq, want as i32, wcs.as_mut_ptr().cast::<ibv_wc>()) };
         if n < 0 {
             return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
         }
-        f(&wcs[..n as usize])?;
-        if (n as usize) < want {
+        let n = (n as usize).min(want);
+        // SAFETY: ibv_poll_cq wrote the first `n` entries.
+        f(unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ibv_wc>(), n) })?;
+        if n < want {
             return Ok(false);
         }
-        left -= n as usize;
+        left -= n;
     }
     Ok(true)
 }
@@ -333,7 +391,7 @@ impl CqAttachment {
         if verbs != cq.verbs {
             return Err(VerbsError::with(VerbsOp::AttachCq, libc::EXDEV));
         }
-        if !cq.budget().reserve(cqes) {
+        if !cq.change_budget(|b| b.reserve(cqes)) {
             return Err(VerbsError::with(VerbsOp::AttachCq, libc::ENOSPC));
         }
         Ok(CqAttachment { cq: cq.clone(), cqes, qp_num: None })
@@ -353,14 +411,14 @@ impl CqAttachment {
     /// The QP is to be destroyed later, on another thread ([`CqBudget::mark_closing`]).
     pub(super) fn mark_closing(&self) {
         if let Some(n) = self.qp_num {
-            self.cq.budget().mark_closing(n);
+            self.cq.change_budget(|b| b.mark_closing(n));
         }
     }
 }
 
 impl Drop for CqAttachment {
     fn drop(&mut self) {
-        self.cq.budget().release(self.cqes, self.qp_num);
+        self.cq.change_budget(|b| b.release(self.cqes, self.qp_num));
     }
 }
 

@@ -10,7 +10,8 @@
 # default: left as it is), IDLE_TAG (added to the name: logs of runs apart), IDLE_CLIENT_ARGS (more valkey-rdma-bench options, e.g.
 # "--rx-size 1048576"), IDLE_TIMEOUT (seconds for the client to get them all up, 1200),
 # IDLE_PROCS (client processes sharing the N, default 1: a process's own limits, such
-# as vm.max_map_count, then come later than the server's).
+# as vm.max_map_count, then come later than the server's), IDLE_ULIMIT_N (the shell's
+# file limit, default 65536; "keep": as the guest has it, which valkey-server raises).
 declare -F start_server > /dev/null || . "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/lib.sh"
 
 proc_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
@@ -51,7 +52,8 @@ idle_capacity() {
     local log="$out/$name.client.log" stop="$out/$name.stop"
     mkdir -p "$out"; rm -f "$stop"
     [ -n "${IDLE_MAX_MAP_COUNT:-}" ] && sysctl -qw vm.max_map_count="$IDLE_MAX_MAP_COUNT"
-    ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+    # (keep: the limit the guest starts with, which valkey-server raises to maxclients + 32)
+    [ "${IDLE_ULIMIT_N:-65536}" = keep ] || ulimit -n "${IDLE_ULIMIT_N:-65536}" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
     echo "== $name: $n idle connections, module $m, maxclients $maxclients"
     echo "limits: ulimit -n $(ulimit -n), ulimit -l $(ulimit -l), vm.max_map_count $(cat /proc/sys/vm/max_map_count)," \
         "memory $(awk '/^MemTotal/ {print $2}' /proc/meminfo) KiB, free $(awk '/^MemAvailable/ {print $2}' /proc/meminfo) KiB"

@@ -40,11 +40,13 @@ measure_impl() {  # IMPL MODULE: one server under callgrind, every workload agai
         sleep 0.5
     done
     "$CLI912" -h 127.0.0.1 -p "$port" PING 2>/dev/null | grep -q PONG || { echo "# $impl: the server did not come up under valgrind"; tail -n 5 "$dir/valgrind.log"; return 1; }
-    for d in 64 4096; do   # the keys the GET workloads read
-        timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$port" -c 4 -d "$d" -t set -r 1000 -n 2000 -q > /dev/null 2>&1
-    done
     for w in "${WORKLOADS[@]}"; do
         name=${w%%|*} args=${w#*|}
+        [ -z "${INSTR_ONLY:-}" ] || [[ ",$INSTR_ONLY," == *",$name,"* ]] || continue
+        if [[ $name == get-* ]]; then   # the keys it reads, with values of its size (every workload uses the same keys)
+            local d; d=$(sed -n 's/.*-d \([0-9]*\).*/\1/p' <<< "$args")
+            timeout 300 "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$port" -c 4 -d "$d" -t set -r 1000 -n 2000 -q > /dev/null 2>&1
+        fi
         # shellcheck disable=SC2086
         "$BENCH912" --rdma -h "$RDMA_ADDR" -p "$port" $args -r 1000 -n 100000000 -q > /dev/null 2>&1 &
         local bp=$!
@@ -61,7 +63,8 @@ measure_impl() {  # IMPL MODULE: one server under callgrind, every workload agai
     kill $vp; wait $vp 2>/dev/null
 }
 
-# INSTR_KEEP=1: keep each window's dump (callgrind_annotate reads it); INSTR_IMPLS: "c ours"
+# INSTR_KEEP=1: keep each window's dump (callgrind_annotate reads it); INSTR_IMPLS: "c ours";
+# INSTR_ONLY=NAME,NAME: only those workloads
 rm -f "$OUT/instructions.jsonl"
 for impl in ${INSTR_IMPLS:-c ours}; do
     if [ "$impl" = c ]; then measure_impl c "$C_MODULE" || exit 1; else measure_impl ours "$OUR_MODULE" || exit 1; fi

@@ -74,7 +74,7 @@ impl Conn {
     /// [`wants_pending`](Self::wants_pending) and a run's end: a closed connection
     /// never, completions left by a budgeted poll always, an unaccepted one never.
     fn pending_decided(&self) -> Option<bool> {
-        if self.state == State::Closed {
+        if matches!(self.state, State::Closed) {
             Some(false)
         } else if self.completions_left {
             Some(true)
@@ -116,13 +116,13 @@ impl Conn {
     ///
     /// Nothing runs before `ct->accept` or after close.
     pub fn begin_run(&mut self) {
-        if self.state == State::Closed || !self.accepted {
+        if matches!(self.state, State::Closed) || !self.accepted {
             self.run = None;
             return;
         }
         let plan = if self.terminal_due() {
             Plan::Final
-        } else if self.state == State::PeerClosed {
+        } else if matches!(self.state, State::PeerClosed) {
             Plan::Drain
         } else {
             Plan::Live
@@ -145,16 +145,6 @@ impl Conn {
         });
     }
 
-    /// Whether the state still belongs to the run's plan (the read loop stops when it
-    /// changes, e.g. a failed post while reading).
-    fn same_plan(&self, plan: Plan) -> bool {
-        match plan {
-            Plan::Live => self.is_live(),
-            Plan::Drain => self.state == State::PeerClosed,
-            Plan::Final => self.state != State::Closed,
-        }
-    }
-
     /// The next handler to call in this run, or the end of the run. `sq_room` as for
     /// [`write`](Self::write).
     ///
@@ -163,13 +153,24 @@ impl Conn {
     /// (`readQueryFromClient` returns without reading, docs/server-abi.md §4.5) and
     /// `update_state` will queue it; not while READ is postponed.
     pub fn next_step(&mut self, sq_room: bool) -> Step {
-        let Some(mut run) = self.run.take() else {
-            return Step::Done { pending: self.state != State::Closed && self.completions_left };
-        };
-        if self.state == State::Closed {
+        if self.run.is_none() {
+            return Step::Done { pending: !matches!(self.state, State::Closed) && self.completions_left };
+        }
+        if matches!(self.state, State::Closed) {
+            self.run = None;
             return Step::Done { pending: false };
         }
-        if run.plan != Plan::Final && self.terminal_due() {
+        // What the stages ask, read once: nothing changes it until a handler runs. (The
+        // run is worked on in place: moving it out and back cost more than the rest.)
+        let terminal = self.terminal_due();
+        let read_runnable = self.read_runnable();
+        let unread = self.session.rx.has_unread();
+        let write_due = self.write_due(sq_room);
+        let write_once = self.write_handler && !self.postponed.write;
+        let (live, peer_closed) = (self.is_live(), matches!(self.state, State::PeerClosed));
+        let (bytes_read, bytes_written) = (self.bytes_read, self.bytes_written);
+        let run = self.run.as_mut().expect("checked above");
+        if run.plan != Plan::Final && terminal {
             // The connection ended during the run (a failed post, an IO thread's write,
             // or the peer's last bytes consumed): finish as a final run, so the server
             // learns it now rather than on the next iteration.
@@ -177,16 +178,22 @@ impl Conn {
             run.stages = [Some(Stage::ReadOnce), Some(Stage::WriteOnce)];
             run.at = 0;
         }
+        // Whether the state still belongs to the run's plan (the read loop stops when it
+        // changes, e.g. a failed post while reading); not Closed (checked above).
+        let same_plan = match run.plan {
+            Plan::Live => live,
+            Plan::Drain => peer_closed,
+            Plan::Final => true,
+        };
         while let Some(stage) = run.stages.get(run.at).copied().flatten() {
             let call = match stage {
                 Stage::ReadLoop => {
                     let more = run.read_calls == 0 || run.last_read_progressed;
-                    (more && self.read_runnable() && self.session.rx.has_unread() && self.same_plan(run.plan))
-                        .then_some(Handler::Read)
+                    (more && read_runnable && unread && same_plan).then_some(Handler::Read)
                 }
-                Stage::ReadOnce => self.read_runnable().then_some(Handler::Read),
-                Stage::WriteIfDue => (self.write_due(sq_room) && self.same_plan(run.plan)).then_some(Handler::Write),
-                Stage::WriteOnce => (self.write_handler && !self.postponed.write).then_some(Handler::Write),
+                Stage::ReadOnce => read_runnable.then_some(Handler::Read),
+                Stage::WriteIfDue => (write_due && same_plan).then_some(Handler::Write),
+                Stage::WriteOnce => write_once.then_some(Handler::Write),
             };
             let Some(h) = call else {
                 run.at += 1;
@@ -198,16 +205,17 @@ impl Conn {
             let before = match h {
                 Handler::Read => {
                     run.read_calls += 1;
-                    self.bytes_read
+                    bytes_read
                 }
-                Handler::Write => self.bytes_written,
+                Handler::Write => bytes_written,
             };
             run.calling = Some((h, before));
             self.depth += 1;
-            self.run = Some(run);
             return Step::Call(h);
         }
-        Step::Done { pending: self.pending_after(&run, sq_room) }
+        let (plan, read_progressed, wrote) = (run.plan, run.read_progressed, run.wrote);
+        self.run = None;
+        Step::Done { pending: self.pending_after(plan, read_progressed, wrote, sq_room) }
     }
 
     /// After a run: is the connection due again *because of this run*? Never merely
@@ -220,17 +228,17 @@ impl Conn {
     ///   queue room): a reply of many blocks is written ~64 KiB per call and RDMA has
     ///   no POLLOUT to call it again (the 3 s-per-piece stall);
     /// - completions are left from a poll that stopped at its budget.
-    fn pending_after(&self, run: &Run, sq_room: bool) -> bool {
+    fn pending_after(&self, plan: Plan, read_progressed: bool, wrote: bool, sq_room: bool) -> bool {
         if let Some(decided) = self.pending_decided() {
             return decided;
         }
         if self.terminal_due() {
-            return run.plan != Plan::Final && self.terminal_runnable();
+            return plan != Plan::Final && self.terminal_runnable();
         }
-        if self.state == State::PeerClosed {
-            return run.read_progressed && self.read_runnable();
+        if matches!(self.state, State::PeerClosed) {
+            return read_progressed && self.read_runnable();
         }
-        run.wrote && self.write_due(sq_room)
+        wrote && self.write_due(sq_room)
     }
 
     /// A handler returned (the run's, or the accept handler entered with
@@ -251,7 +259,7 @@ impl Conn {
                 }
             }
         }
-        if self.state != State::Closed {
+        if !matches!(self.state, State::Closed) {
             return AfterHandler::Continue;
         }
         self.run = None;
@@ -274,7 +282,7 @@ impl Conn {
     /// exactly once, now or when the outermost handler returns
     /// (docs/server-abi.md §4.4).
     pub fn close(&mut self) -> CloseOutcome {
-        let unregister = self.state != State::Closed;
+        let unregister = !matches!(self.state, State::Closed);
         self.state = State::Closed;
         self.control.clear();
         let free_now = self.depth == 0 && !self.freed;

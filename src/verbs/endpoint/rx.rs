@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::{Endpoint, Result};
 use crate::protocol::conn::RxBuffer;
+use crate::verbs::buffer::PinnedBuffer;
 use crate::verbs::mr::{MemoryRegion, ProtectionDomain};
-use crate::verbs::resources::PinnedBuffer;
 
 impl Endpoint {
     /// The RX buffer's address as the peer names it: an offset space of its own, not

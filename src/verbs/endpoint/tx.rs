@@ -6,9 +6,9 @@ use std::mem::MaybeUninit;
 
 use rdma_sys::*;
 
-use super::{Endpoint, Result, VerbsError, VerbsOp};
+use super::{Endpoint, Result, VerbsError, VerbsOp, INLINE_WRITE_MAX};
+use crate::verbs::buffer::PinnedBuffer;
 use crate::verbs::mr::MemoryRegion;
-use crate::verbs::resources::PinnedBuffer;
 use crate::verbs::tx_plan;
 
 impl Endpoint {
@@ -144,6 +144,9 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let total = len as usize;
+        if total > 0 && len <= self.max_inline {
+            return self.post_inline_write(offset, parts, len, remote_addr, rkey, imm);
+        }
         if self.tx.current().is_none() && self.tx_len_wanted > 0 {
             self.ensure_tx(self.tx_len_wanted)?;
         }
@@ -166,6 +169,52 @@ impl Endpoint {
             }
         }
         self.post_write_chain(offset, total as u32, remote_addr, rkey, imm)
+    }
+
+    /// A write the device takes inline (at most [`INLINE_WRITE_MAX`] bytes) as one
+    /// RDMA_WRITE_WITH_IMM posted inline (docs/protocol.md §4.1): the bytes are gathered on the stack and the
+    /// device copies them into the work request as it is posted, so no TX buffer is
+    /// made, written or registered for them, and the device reads no memory of ours
+    /// for them afterwards. The peer sees the same write as from the TX buffer.
+    fn post_inline_write(
+        &mut self,
+        offset: u32,
+        parts: &[&[u8]],
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<()> {
+        let total = len as usize;
+        let inside_window = (offset as usize).checked_add(total).is_some_and(|end| end <= self.tx_len_wanted as usize);
+        if !inside_window || parts.iter().map(|p| p.len()).sum::<usize>() < total {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
+        }
+        if self.data_wr_room() == 0 {
+            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS));
+        }
+        let mut bytes = [0u8; INLINE_WRITE_MAX as usize];
+        let mut at = 0;
+        for p in parts {
+            let k = p.len().min(total - at);
+            bytes[at..at + k].copy_from_slice(&p[..k]);
+            at += k;
+            if at == total {
+                break;
+            }
+        }
+        self.writes_since_idle_check += 1;
+        // (an inline request's scatter entry needs no key: the device reads it at post)
+        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: len, lkey: 0 };
+        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.send_flags = ibv_send_flags::IBV_SEND_INLINE.0;
+        wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(offset), rkey };
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        self.post_send_chain(std::slice::from_mut(&mut wr), 0, false)
     }
 
     /// Posts the work requests of one write ([`tx_plan::plan`]) as one chain: plain
