@@ -547,6 +547,19 @@ mod tests {
         assert_eq!(routed(&routes), vec![]);
     }
 
+    /// What routing must give: (owner, wr_ids) in the order each owner first appears.
+    fn plain_grouping(owners: &OwnerMap<usize>, wcs: &[WorkCompletion]) -> Vec<(usize, Vec<u64>)> {
+        let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
+        for wc in wcs {
+            let Some(&key) = owners.get(&wc.qp_num()) else { continue };
+            match want.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, ids)) => ids.push(wc.wr_id()),
+                None => want.push((key, vec![wc.wr_id()])),
+            }
+        }
+        want
+    }
+
     #[test]
     fn routing_matches_a_plain_grouping_for_any_arrival_order() {
         // Every sequence of up to 7 completions over 3 owned QPs and one closed one.
@@ -557,14 +570,7 @@ mod tests {
                 let qps: Vec<u32> = (0..len).map(|i| code / 4u32.pow(i) % 4 + 1).collect();
                 let wcs: Vec<WorkCompletion> =
                     qps.iter().enumerate().map(|(i, &qp)| WorkCompletion::received(qp, i as u64)).collect();
-                let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
-                for wc in &wcs {
-                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-                    match want.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, ids)) => ids.push(wc.wr_id()),
-                        None => want.push((key, vec![wc.wr_id()])),
-                    }
-                }
+                let want = plain_grouping(&owners, &wcs);
                 routes.route(&owners, &wcs, |k| Some(*k));
                 assert_eq!(routed(&routes), want, "qps {qps:?}");
             }
@@ -588,14 +594,7 @@ mod tests {
                         WorkCompletion::received((x % 40) as u32, i as u64)
                     })
                     .collect();
-                let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
-                for wc in &wcs {
-                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-                    match want.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, ids)) => ids.push(wc.wr_id()),
-                        None => want.push((key, vec![wc.wr_id()])),
-                    }
-                }
+                let want = plain_grouping(&owners, &wcs);
                 routes.route(&owners, &wcs, |k| Some(*k));
                 assert_eq!(routed(&routes), want, "{len} completions");
                 if len >= 64 {

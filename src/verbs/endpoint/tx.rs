@@ -145,7 +145,7 @@ impl Endpoint {
     ) -> Result<()> {
         let total = len as usize;
         if total > 0 && len <= self.max_inline {
-            return self.post_inline_write(offset, parts, len, remote_addr, rkey, imm);
+            return self.post_inline_write(InlineWrite { offset, len, remote_addr, rkey, imm }, parts);
         }
         if self.tx.current().is_none() && self.tx_len_wanted > 0 {
             self.ensure_tx(self.tx_len_wanted)?;
@@ -176,15 +176,8 @@ impl Endpoint {
     /// device copies them into the work request as it is posted, so no TX buffer is
     /// made, written or registered for them, and the device reads no memory of ours
     /// for them afterwards. The peer sees the same write as from the TX buffer.
-    fn post_inline_write(
-        &mut self,
-        offset: u32,
-        parts: &[&[u8]],
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-    ) -> Result<()> {
+    fn post_inline_write(&mut self, w: InlineWrite, parts: &[&[u8]]) -> Result<()> {
+        let InlineWrite { offset, len, remote_addr, rkey, imm } = w;
         let total = len as usize;
         let inside_window = (offset as usize).checked_add(total).is_some_and(|end| end <= self.tx_len_wanted as usize);
         if !inside_window || parts.iter().map(|p| p.len()).sum::<usize>() < total {
@@ -266,6 +259,15 @@ impl Endpoint {
         last.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
         self.post_send_chain(wrs, 0, false)
     }
+}
+
+/// Where an inline write goes in the peer's window, and the immediate that tells it.
+struct InlineWrite {
+    offset: u32,
+    len: u32,
+    remote_addr: u64,
+    rkey: u32,
+    imm: u32,
 }
 
 /// What [`Endpoint::keepalive_tick`] found.
