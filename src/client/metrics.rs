@@ -19,6 +19,9 @@ const GAUGES: &[&str] = &[
     "peer_rx_window_max_bytes",
     "completions_per_wakeup_x100",
     "shared_completion_queues",
+    "completion_vectors_used",
+    "completion_vectors_available",
+    "buffer_chunks",
     "pinned_bytes",
     "pinned_registered_bytes",
     "pinned_ceiling_bytes",
@@ -108,6 +111,7 @@ mod tests {
             peer_windows: None,
             rx_windows: None,
             shared_cqs: 0,
+            vectors: (0, 0),
         };
         let fields: Vec<&str> = crate::transport::stats::fields(&now)
             .iter()

@@ -373,6 +373,7 @@ impl Transport for RdmaConnection {
             peer_windows: windows,
             rx_windows,
             shared_cqs: shared_cqs::count() as u64,
+            vectors: shared_cqs::vectors(),
         })
     }
 }

@@ -227,6 +227,18 @@ pub(crate) fn count() -> usize {
     lock(&MODULE.shared_cqs).cqs.len()
 }
 
+/// (distinct completion vectors the shared CQs use, the most a device of theirs offers)
+/// (INFO): with `rdma-completion-vector -1` the CQs take the vectors in turn, so that a
+/// NIC's interrupts land on more than one core.
+pub(crate) fn vectors() -> (u64, u64) {
+    let s = lock(&MODULE.shared_cqs);
+    let mut used: Vec<i32> = s.cqs.iter().map(|q| q.vectors().0).collect();
+    used.sort_unstable();
+    used.dedup();
+    let available = s.cqs.iter().map(|q| q.vectors().1).max().unwrap_or(0);
+    (used.len() as u64, available.max(0) as u64)
+}
+
 /// One budgeted poll of CQ `cq`: the completions go to their connections' cores, one
 /// lock per connection, in arrival order within each; then each of those connections
 /// runs (or is queued). Returns whether completions were left.

@@ -116,6 +116,8 @@ pub(crate) struct Now {
     pub(crate) rx_windows: Option<(u64, u64)>,
     /// Completion queues shared by the connections (`transport::shared_cqs`).
     pub(crate) shared_cqs: u64,
+    /// (distinct completion vectors they use, the vectors their device offers).
+    pub(crate) vectors: (u64, u64),
 }
 
 /// The fields of `INFO rdma`, in order (names documented in docs/operator-guide.md).
@@ -161,6 +163,8 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("completions_per_wakeup_x100", (completions * 100).checked_div(wakeups).unwrap_or(0)),
         Field::Num("completion_budget_hits", get(&s.budget_hits)),
         Field::Num("shared_completion_queues", now.shared_cqs),
+        Field::Num("completion_vectors_used", now.vectors.0),
+        Field::Num("completion_vectors_available", now.vectors.1),
         Field::Num("buffer_chunks", crate::verbs::buffer_chunks() as u64),
         Field::Dict(
             "protocol_violations",

@@ -483,22 +483,33 @@ impl Endpoint {
         if self.sq_room() == 0 {
             return Err(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS));
         }
+        // (a slot per message in flight also where it goes inline: it bounds them)
         let slot = self.free_tx_slots.pop().ok_or(VerbsError::with(VerbsOp::ControlQueueFull, libc::ENOBUFS))? as usize;
-        let off = (self.depths.recv as usize + slot) * CONTROL_MESSAGE_LEN;
-        // SAFETY: the slot is ours (taken from the free list) until its completion, and
-        // the buffer is used only from the thread that holds `&mut self`.
-        unsafe { self.ctrl_buf.copy_in(off, &msg.encode()) };
-        let mut sge = ibv_sge {
-            // SAFETY: inside the control buffer.
-            addr: unsafe { self.ctrl_buf.as_ptr().add(off) } as u64,
-            length: CONTROL_MESSAGE_LEN as u32,
-            lkey: self.ctrl_lkey(),
+        let encoded = msg.encode();
+        let inline = CONTROL_MESSAGE_LEN as u32 <= self.max_inline;
+        let mut sge = if inline {
+            // docs/protocol.md §3.3: the device copies the 32 bytes as the request is posted
+            ibv_sge { addr: encoded.as_ptr() as u64, length: CONTROL_MESSAGE_LEN as u32, lkey: 0 }
+        } else {
+            let off = (self.depths.recv as usize + slot) * CONTROL_MESSAGE_LEN;
+            // SAFETY: the slot is ours (taken from the free list) until its completion,
+            // and the buffer is used only from the thread that holds `&mut self`.
+            unsafe { self.ctrl_buf.copy_in(off, &encoded) };
+            ibv_sge {
+                // SAFETY: inside the control buffer.
+                addr: unsafe { self.ctrl_buf.as_ptr().add(off) } as u64,
+                length: CONTROL_MESSAGE_LEN as u32,
+                lkey: self.ctrl_lkey(),
+            }
         };
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        if inline {
+            wr.send_flags = ibv_send_flags::IBV_SEND_INLINE.0;
+        }
         self.post_send(&mut wr, WRID_CONTROL | slot as u64, true).inspect_err(|_| self.free_tx_slots.push(slot as u16))
     }
 

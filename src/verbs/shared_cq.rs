@@ -258,6 +258,13 @@ impl SharedCq {
         Ok(Arc::new(s))
     }
 
+    /// The completion vector its interrupts are on, and how many its device has.
+    pub(crate) fn vectors(&self) -> (i32, i32) {
+        // SAFETY: `num_comp_vectors` is plain data of the device context, which rdma_cm
+        // keeps open while the process runs (see `CompletionChannel::of_device`).
+        let available = unsafe { (*self.verbs).num_comp_vectors };
+        (self.queue.comp_vector(), available)
+    }
     /// Whether `cq` is this CQ (an event of a shared channel names its CQ).
     pub(crate) fn is(&self, cq: *mut ibv_cq) -> bool {
         self.queue.cq_ptr() == cq

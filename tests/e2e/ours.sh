@@ -65,6 +65,13 @@ case_200_connections() {  # 200 concurrent RDMA clients
     local cqs; cqs=$("$CLI912" -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_shared_completion_queues://p')
     echo "# INFO rdma: shared_completion_queues ${cqs:-?}"
     [ "${cqs:-0}" -ge 4 ] || { fail "200 connections on ${cqs:-?} shared completion queues (at most 63 each)"; return 1; }
+    # rdma-completion-vector -1 (the default): the queues take the device's vectors in turn
+    local used avail
+    used=$("$CLI912" -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_completion_vectors_used://p')
+    avail=$("$CLI912" -p "$PORT" INFO rdma | tr -d '\r' | sed -n 's/^rdma_completion_vectors_available://p')
+    echo "# INFO rdma: completion vectors used ${used:-?} of ${avail:-?}"
+    local want=$(( ${avail:-0} < cqs ? ${avail:-0} : cqs ))
+    expect_eq "completion vectors used by $cqs shared queues" "${used:-?}" "$want" || return 1
     awk -v r="${r:-0}" 'BEGIN { exit !(r > 0) }' && server_alive
 }
 
