@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
@@ -45,7 +45,7 @@ pub(crate) struct RdmaConnection {
     /// request, from whichever thread has the client): stored here without the lock,
     /// and handed to the core each time the lock is taken, before the core decides
     /// anything.
-    postponed: AtomicU8,
+    postponed: AtomicI32,
     state: Mutex<Inner>,
 }
 
@@ -160,7 +160,7 @@ impl RdmaConnection {
             local,
             shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
             own_channel_fd: shared_cq.is_none().then(|| ep.comp_fd()),
-            postponed: AtomicU8::new(postpone_bits(Postpone::NONE)),
+            postponed: AtomicI32::new(Postpone::NONE.mask()),
             state: Mutex::new(Inner {
                 d: Driver::new(core, ServerNic { ep: Some(ep), rx_preparing: None, rx_prepared: None, peer }),
                 completions: Vec::with_capacity(COMPLETIONS_PER_OWN_POLL),
@@ -179,7 +179,7 @@ impl RdmaConnection {
             local: None,
             shared_cq: None,
             own_channel_fd: None,
-            postponed: AtomicU8::new(postpone_bits(Postpone::NONE)),
+            postponed: AtomicI32::new(Postpone::NONE.mask()),
             state: Mutex::new(Inner {
                 d: Driver::new(
                     Conn::new(Role::Server, rx),
@@ -194,7 +194,7 @@ impl RdmaConnection {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        g.d.core.postpone(postpone_of(self.postponed.load(Ordering::Acquire)));
+        g.d.core.postpone(Postpone::from_mask(self.postponed.load(Ordering::Acquire)));
         g
     }
 
@@ -434,15 +434,7 @@ pub(crate) fn set_handlers(c: &Arc<HostedConn>, read: bool, write: bool, barrier
 
 pub(crate) fn postpone(c: &HostedConn, mask: Postpone) {
     // (the core takes it at the next lock: every decision of the core is made under it)
-    c.inner.postponed.store(postpone_bits(mask), Ordering::Release);
-}
-
-fn postpone_bits(mask: Postpone) -> u8 {
-    u8::from(mask.read) | u8::from(mask.write) << 1
-}
-
-fn postpone_of(bits: u8) -> Postpone {
-    Postpone { read: bits & 1 != 0, write: bits & 2 != 0 }
+    c.inner.postponed.store(mask.mask(), Ordering::Release);
 }
 
 /// The server's side of [`driver::run`]: the driver under the connection's lock, the

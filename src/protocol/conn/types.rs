@@ -122,6 +122,11 @@ impl Postpone {
     pub fn from_mask(mask: i32) -> Postpone {
         Postpone { read: mask & 1 != 0, write: mask & 2 != 0 }
     }
+
+    /// The mask [`from_mask`](Self::from_mask) reads.
+    pub fn mask(self) -> i32 {
+        i32::from(self.read) | i32::from(self.write) << 1
+    }
 }
 
 /// Why [`Conn::read`] returned no bytes (docs/server-abi.md §4.2).
