@@ -8,6 +8,7 @@ use std::fmt::Write;
 /// counter, named with `_total`).
 const GAUGES: &[&str] = &[
     "listeners",
+    "listeners_down",
     "connected_clients",
     "handshakes_in_progress",
     "pending_connections",
@@ -103,7 +104,7 @@ mod tests {
     fn every_gauge_is_a_field_of_info_rdma() {
         use crate::server::api::InfoField;
         let now = crate::transport::stats::Now {
-            listeners: 0,
+            listeners: (0, 0),
             connected: 0,
             pending: 0,
             pinned_bytes: 0,

@@ -24,7 +24,7 @@ use crate::protocol::session::Role;
 use crate::protocol::ControlMessage;
 use crate::server::api::FdWatch;
 use crate::server::{ConnState, ServerHandler};
-use crate::verbs::{Completion, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
+use crate::verbs::{Completion, DeviceKey, Endpoint, PreparedRx, VerbsError, VerbsOp, WorkCompletion};
 
 /// Completions handled per wake-up of a connection with a CQ of its own, so that a peer
 /// sending Keepalives or empty writes as fast as it can cannot keep the main thread in
@@ -41,6 +41,8 @@ pub(crate) struct RdmaConnection {
     /// The completion channel fd of a connection with a CQ of its own (watched with the
     /// connection's key); never the fd the server sees.
     pub(crate) own_channel_fd: Option<std::ffi::c_int>,
+    /// The RDMA device it is on (what a device removal closes, `super::removal`).
+    pub(crate) device: Option<DeviceKey>,
     /// The postpone mask the server set last (`postpone_update_state`, twice per
     /// request, from whichever thread has the client): stored here without the lock,
     /// and handed to the core each time the lock is taken, before the core decides
@@ -160,6 +162,7 @@ impl RdmaConnection {
             local,
             shared_cq: shared_cq.map(|i| (i, ep.qp_num())),
             own_channel_fd: shared_cq.is_none().then(|| ep.comp_fd()),
+            device: DeviceKey::of(ep.id()),
             postponed: AtomicI32::new(Postpone::NONE.mask()),
             state: Mutex::new(Inner {
                 d: Driver::new(core, ServerNic { ep: Some(ep), rx_preparing: None, rx_prepared: None, peer }),
@@ -179,6 +182,7 @@ impl RdmaConnection {
             local: None,
             shared_cq: None,
             own_channel_fd: None,
+            device: None,
             postponed: AtomicI32::new(Postpone::NONE.mask()),
             state: Mutex::new(Inner {
                 d: Driver::new(
@@ -535,6 +539,11 @@ pub(crate) fn close(c: &Arc<HostedConn>) {
     if out.free_now {
         teardown(c);
     }
+}
+
+/// The kernel's name of the connection's device, for the log.
+pub(crate) fn device_name(c: &HostedConn) -> String {
+    c.inner.lock().d.nic.ep.as_ref().map_or_else(|| "?".into(), |ep| crate::verbs::device_name(ep.id()))
 }
 
 /// The server closed the connection without accepting it (it refused the client).

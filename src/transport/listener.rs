@@ -2,6 +2,11 @@
 //! watches) per bind address, like upstream (docs/protocol.md §1). Accepted ids are moved
 //! to one module-wide channel for their own CM events (ESTABLISHED, DISCONNECTED), so
 //! closing or re-opening a listener (`CONFIG SET rdma-port`) leaves live clients alone.
+//!
+//! A listener whose device is removed, or whose address moves, loses its id but keeps
+//! its channel (the fd the server watches): the module's tick listens again on the same
+//! channel once the address is on a device again (docs/operator-guide.md, "When a
+//! device goes away").
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -19,10 +24,17 @@ use crate::verbs::{self, CmId, ConnParams, EndpointConfig, EventChannel, VerbsEr
 
 /// One listening address.
 struct ListenEndpoint {
-    // Field order is drop order: the id before its channel. Held only to be dropped.
-    _id: CmId,
+    // Field order is drop order: the id before its channel.
+    /// `None` while down: its device was removed or its address moved.
+    id: Mutex<Option<CmId>>,
     channel: EventChannel,
     addr: SocketAddr,
+}
+
+impl ListenEndpoint {
+    fn is_down(&self) -> bool {
+        lock(&self.id).is_none()
+    }
 }
 
 /// The listeners and the accepted connections' CM channel.
@@ -159,9 +171,52 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
     true
 }
 
-/// Listening endpoints now (for INFO).
-pub(crate) fn listening_count() -> usize {
-    lock(&MODULE.listeners.listening).as_ref().map_or(0, |r| r.len())
+/// (listening endpoints, those of them down) now (for INFO).
+pub(crate) fn listening_count() -> (usize, usize) {
+    let reg = lock(&MODULE.listeners.listening);
+    let Some(r) = reg.as_ref() else { return (0, 0) };
+    (r.len(), r.values().filter(|ep| ep.is_down()).count())
+}
+
+/// Listens again on each listening address that is down (from the module's tick): the
+/// device or the address may be back. Quiet while it is not.
+pub(crate) fn listen_again() {
+    let down: Vec<Arc<ListenEndpoint>> = lock(&MODULE.listeners.listening)
+        .as_ref()
+        .map(|r| r.values().filter(|ep| ep.is_down()).cloned().collect())
+        .unwrap_or_default();
+    for ep in down {
+        match listen_on(&ep.channel, &ep.addr) {
+            Ok(id) => {
+                *lock(&ep.id) = Some(id);
+                stats::add(&MODULE.stats.relistens, 1);
+                log::info!("RDMA: listening on {} again", ep.addr);
+            }
+            Err(e) => log::debug!("RDMA: listener on {} still down: {e}", ep.addr),
+        }
+    }
+}
+
+/// The listener's id got DEVICE_REMOVAL or ADDR_CHANGE: its id is destroyed (a removed
+/// device's resources must all go), the channel stays watched, and [`listen_again`]
+/// brings it back.
+fn listener_lost(ep: &ListenEndpoint, removal: bool) {
+    let Some(id) = lock(&ep.id).take() else { return };
+    let device = (verbs::DeviceKey::of(&id), verbs::device_name(&id));
+    drop(id);
+    if removal {
+        log::warn!(
+            "RDMA: listener on {}: its device {} was removed; listening again once the address is back",
+            ep.addr,
+            device.1
+        );
+        if let Some(key) = device.0 {
+            super::removal::device_removed(key, &device.1);
+        }
+    } else {
+        log::warn!("RDMA: listener on {}: the address changed; listening again", ep.addr);
+        listen_again();
+    }
 }
 
 fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
@@ -175,13 +230,18 @@ fn current_addrs(listener: &crate::server::abi::ConnListener) -> Vec<SocketAddr>
 
 fn open_endpoint(addr: &SocketAddr) -> Result<ListenEndpoint, VerbsError> {
     let channel = EventChannel::new()?;
-    let id = CmId::new(&channel)?;
+    let id = listen_on(&channel, addr)?;
+    Ok(ListenEndpoint { id: Mutex::new(Some(id)), channel, addr: *addr })
+}
+
+fn listen_on(channel: &EventChannel, addr: &SocketAddr) -> Result<CmId, VerbsError> {
+    let id = CmId::new(channel)?;
     if addr.is_ipv6() {
         id.set_afonly()?;
     }
     id.bind(addr)?;
     id.listen(511)?;
-    Ok(ListenEndpoint { _id: id, channel, addr: *addr })
+    Ok(id)
 }
 
 /// `ct->closeListener`: unregister the fds from the event loop (the server registered
@@ -231,6 +291,9 @@ pub(crate) fn on_listener_events(fd: c_int) {
         };
         match event.new_id {
             Some(id) => accept_one(id),
+            None if event.is_device_removal() || event.is_addr_change() => {
+                listener_lost(&ep, event.is_device_removal())
+            }
             None => log::debug!("RDMA: unexpected event {} on the listener for {}", event.name(), ep.addr),
         }
     }
@@ -374,6 +437,11 @@ pub(crate) fn on_conn_events() {
             Err(e) => return log::warn!("RDMA: {e}"),
         };
         let Some(c) = live::get(event.context) else { continue };
+        if event.is_device_removal() {
+            if let Some(device) = c.inner.device {
+                super::removal::device_removed(device, &connection::device_name(&c));
+            }
+        }
         if event.is_established() {
             connection::on_established(&c);
         } else if event.is_disconnect() {

@@ -20,6 +20,7 @@ pub(crate) mod connection;
 pub(crate) mod handshakes;
 pub(crate) mod knobs;
 pub(crate) mod listener;
+pub(crate) mod removal;
 pub(crate) mod shared_cqs;
 pub(crate) mod stats;
 pub(crate) mod worker;
@@ -67,6 +68,8 @@ pub(crate) struct Module {
     /// What `INFO rdma` counts.
     pub(crate) stats: stats::Stats,
     pub(crate) workers: worker::Workers,
+    /// Removed devices whose resources are being released.
+    pub(crate) removals: removal::Removals,
 }
 
 pub(crate) static MODULE: Module = Module {
@@ -79,6 +82,7 @@ pub(crate) static MODULE: Module = Module {
     handshakes: Mutex::new(None),
     stats: stats::Stats::new(),
     workers: worker::Workers::new(),
+    removals: removal::Removals::new(),
 };
 
 pub(crate) fn init_global(g: Global) {
@@ -307,6 +311,8 @@ impl Transport for RdmaConnection {
             connection::keepalive(&c);
             connection::queue_if_due(&c);
         }
+        removal::release_finished();
+        listener::listen_again();
     }
     fn addrs(c: &HostedConn) -> (Option<SocketAddr>, Option<SocketAddr>) {
         (c.inner.peer, c.inner.local)
@@ -315,7 +321,8 @@ impl Transport for RdmaConnection {
         c.inner.disconnect()
     }
     fn close(c: &Arc<HostedConn>) {
-        connection::close(c)
+        connection::close(c);
+        removal::release_finished();
     }
     fn accept(c: &Arc<HostedConn>) -> bool {
         connection::accept(c)
@@ -365,7 +372,7 @@ impl Transport for RdmaConnection {
             rx_windows = span(rx_windows, r);
         }
         stats::fields(&stats::Now {
-            listeners: listener::listening_count() as u64,
+            listeners: listener::listening_count(),
             connected: live.len() as u64,
             pending: pending::len() as u64,
             pinned_bytes: pinned,

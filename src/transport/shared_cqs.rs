@@ -23,8 +23,9 @@ use super::knobs::{self, Knob};
 use super::stats;
 use super::MODULE;
 use super::{lock, log_limited, AddressHash, HostedConn, RdmaConnection};
+use crate::server::api::FdWatch;
 use crate::verbs::{
-    CmId, CompletionChannel, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
+    CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
     MAX_SHARED_CQES,
 };
 
@@ -54,8 +55,10 @@ enum Then {
 
 pub(crate) struct Shared {
     /// One completion channel per device, watched by the event loop; its CQs signal it.
-    channels: Vec<Arc<CompletionChannel>>,
-    cqs: Vec<Arc<SharedCq>>,
+    /// `None` once its device was removed (an index is a key: it is never reused).
+    channels: Vec<Option<(Arc<CompletionChannel>, FdWatch)>>,
+    /// `None` once its device was removed (the index is kept by its connections).
+    cqs: Vec<Option<Arc<SharedCq>>>,
     /// Per CQ: the key of the live connection that owns each QP number (QP numbers are
     /// unique per device, and a CQ is on one device).
     owners: Vec<OwnerMap>,
@@ -84,13 +87,13 @@ pub(crate) fn endpoint(
     d: &mut impl Delivery,
 ) -> (Result<Endpoint, VerbsError>, Option<usize>) {
     let cqes = QueueDepths::DEFAULT.cqes();
-    let found = lock(&MODULE.shared_cqs).cqs.iter().position(|cq| cq.fits(&id, cqes));
+    let found = lock(&MODULE.shared_cqs).cqs.iter().position(|cq| cq.as_ref().is_some_and(|q| q.fits(&id, cqes)));
     let index = match found {
         Some(i) => Some(i),
         None => add_cq(&id, cfg),
     };
-    let Some(i) = index else { return (Endpoint::new(id, cfg), None) };
-    let cq = lock(&MODULE.shared_cqs).cqs[i].clone();
+    let cq = index.and_then(|i| lock(&MODULE.shared_cqs).cqs[i].clone());
+    let (Some(i), Some(cq)) = (index, cq) else { return (Endpoint::new(id, cfg), None) };
     if cq.has_retired() {
         // A closed connection's completions may still be queued: look once, so that its
         // QP number is free again (a new QP that drew it would be refused).
@@ -110,8 +113,8 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
     if i >= MAX_CQS {
         return None;
     }
-    let channel = match s.channels.iter().find(|ch| ch.is_for(id)) {
-        Some(ch) => Arc::clone(ch),
+    let channel = match s.channels.iter().flatten().find(|(ch, _)| ch.is_for(id)) {
+        Some((ch, _)) => Arc::clone(ch),
         None => {
             let n = s.channels.len();
             let ch = match CompletionChannel::of_device(id) {
@@ -124,14 +127,13 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
                     return None;
                 }
             };
-            // (the channel serves until the process ends: the token is not kept)
-            if crate::server::watch_fd::<RdmaConnection>(ch.fd(), FIRST_KEY + n).is_none() {
+            let Some(watch) = crate::server::watch_fd::<RdmaConnection>(ch.fd(), FIRST_KEY + n) else {
                 log_limited(format_args!(
                     "RDMA: a completion channel for shared completion queues cannot be watched; connections get their own"
                 ));
                 return None;
-            }
-            s.channels.push(Arc::clone(&ch));
+            };
+            s.channels.push(Some((Arc::clone(&ch), watch)));
             ch
         }
     };
@@ -148,7 +150,7 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
             return None;
         }
     };
-    s.cqs.push(cq);
+    s.cqs.push(Some(cq));
     s.owners.push(OwnerMap::default());
     s.left.push(false);
     Some(i)
@@ -182,9 +184,12 @@ pub(crate) trait Delivery {
 /// The fd of channel `channel` fired: each CQ it names is polled once.
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    let Some(ch) = lock(&MODULE.shared_cqs).channels.get(channel).cloned() else { return };
+    let Some(ch) = lock(&MODULE.shared_cqs).channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
+    else {
+        return;
+    };
     ch.take_events(|cq| {
-        let i = lock(&MODULE.shared_cqs).cqs.iter().position(|q| q.is(cq));
+        let i = lock(&MODULE.shared_cqs).cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
         if let Some(i) = i {
             poll(i, Then::RunHandlers, d);
         }
@@ -222,9 +227,33 @@ pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
     polled
 }
 
-/// Shared CQs made so far (INFO).
+/// Shared CQs now (INFO).
 pub(crate) fn count() -> usize {
-    lock(&MODULE.shared_cqs).cqs.len()
+    lock(&MODULE.shared_cqs).cqs.iter().flatten().count()
+}
+
+/// Forgets the shared CQs and the completion channel of a removed device: the channel's
+/// fd is no longer watched, and each is destroyed when the last connection on it is
+/// released. Returns how many CQs were forgotten.
+pub(crate) fn forget_device(device: DeviceKey) -> usize {
+    let mut s = lock(&MODULE.shared_cqs);
+    let mut forgotten = 0;
+    for i in 0..s.cqs.len() {
+        if s.cqs[i].as_ref().is_some_and(|q| q.device() == device) {
+            s.cqs[i] = None;
+            s.owners[i].clear();
+            s.left[i] = false;
+            forgotten += 1;
+        }
+    }
+    for slot in s.channels.iter_mut() {
+        if slot.as_ref().is_some_and(|(ch, _)| ch.device() == device) {
+            if let Some((_, watch)) = slot.take() {
+                crate::server::api::unwatch_fd(watch);
+            }
+        }
+    }
+    forgotten
 }
 
 /// (distinct completion vectors the shared CQs use, the most a device of theirs offers)
@@ -232,10 +261,10 @@ pub(crate) fn count() -> usize {
 /// NIC's interrupts land on more than one core.
 pub(crate) fn vectors() -> (u64, u64) {
     let s = lock(&MODULE.shared_cqs);
-    let mut used: Vec<i32> = s.cqs.iter().map(|q| q.vectors().0).collect();
+    let mut used: Vec<i32> = s.cqs.iter().flatten().map(|q| q.vectors().0).collect();
     used.sort_unstable();
     used.dedup();
-    let available = s.cqs.iter().map(|q| q.vectors().1).max().unwrap_or(0);
+    let available = s.cqs.iter().flatten().map(|q| q.vectors().1).max().unwrap_or(0);
     (used.len() as u64, available.max(0) as u64)
 }
 
@@ -243,7 +272,7 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// lock per connection, in arrival order within each; then each of those connections
 /// runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
-    let Some(q) = lock(&MODULE.shared_cqs).cqs.get(cq).cloned() else { return false };
+    let Some(q) = lock(&MODULE.shared_cqs).cqs.get(cq).cloned().flatten() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();

@@ -51,6 +51,10 @@ pub(crate) struct Stats {
     pub(crate) peers_silent: AtomicU64,
     pub(crate) handshake_timeouts: AtomicU64,
     cm_ends: [AtomicU64; 2],
+    /// Listeners that listened again after their device or address came back.
+    pub(crate) relistens: AtomicU64,
+    /// Devices the kernel removed while the module had something on them.
+    pub(crate) devices_removed: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -81,6 +85,8 @@ impl Stats {
             peers_silent: ZERO,
             handshake_timeouts: ZERO,
             cm_ends: [ZERO; 2],
+            relistens: ZERO,
+            devices_removed: ZERO,
         }
     }
 }
@@ -105,7 +111,8 @@ use crate::server::api::InfoField as Field;
 
 /// What describes the current state, from the live set (see `super::info`).
 pub(crate) struct Now {
-    pub(crate) listeners: u64,
+    /// (listening addresses, those of them down: device removed, address gone).
+    pub(crate) listeners: (usize, usize),
     pub(crate) connected: u64,
     pub(crate) pending: u64,
     pub(crate) pinned_bytes: u64,
@@ -129,7 +136,10 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
     let wakeups = get(&s.wakeups);
     let completions = get(&s.completions);
     vec![
-        Field::Num("listeners", now.listeners),
+        Field::Num("listeners", now.listeners.0 as u64),
+        Field::Num("listeners_down", now.listeners.1 as u64),
+        Field::Num("relistens", get(&s.relistens)),
+        Field::Num("devices_removed", get(&s.devices_removed)),
         Field::Num("connected_clients", now.connected),
         Field::Num("total_connections_received", get(&s.accepted)),
         Field::Dict(

@@ -19,6 +19,8 @@ pub(crate) struct CompletionChannel {
     channel: NonNull<ibv_comp_channel>,
     /// Its device (compared, never used).
     verbs: *mut ibv_context,
+    /// Counts it (and the CQs on it, which hold it) on its device until it is destroyed.
+    _hold: super::device::DeviceHold,
 }
 
 // SAFETY: a kernel fd and plain data; libibverbs allows its use from any thread, and
@@ -38,19 +40,24 @@ impl CompletionChannel {
         // SAFETY: `verbs` is live (the contract); the result is checked.
         let channel = NonNull::new(unsafe { (loaded().ibv_create_comp_channel)(verbs) })
             .ok_or_else(|| VerbsError::last(VerbsOp::CreateCompChannel))?;
-        let c = CompletionChannel { channel, verbs };
+        let c = CompletionChannel { channel, verbs, _hold: super::device::DeviceHold::new(verbs) };
         set_nonblocking(c.fd()).map_err(|e| VerbsError::with(VerbsOp::SetNonblocking, e))?;
         Ok(Arc::new(c))
     }
-    /// A channel of the device of `id`, which rdma_cm keeps open for the life of the
-    /// process (it opens every device once, at its first use).
+    /// A channel of the device of `id`. librdmacm keeps the device open from its first
+    /// use until the module lets go of it after a removal (`verbs::device`), which it
+    /// does only once this channel is gone.
     pub(crate) fn of_device(id: &CmId) -> Result<Arc<CompletionChannel>> {
         let verbs = id.raw().verbs;
         if verbs.is_null() {
             return Err(VerbsError::with(VerbsOp::NoDevice, libc::ENODEV));
         }
-        // SAFETY: the live device context of `id`, open while the process is.
+        // SAFETY: the live device context of `id`, open until its objects are gone.
         unsafe { Self::new(verbs) }
+    }
+    /// The device it is on.
+    pub(crate) fn device(&self) -> super::DeviceKey {
+        super::DeviceKey::from_context(self.verbs)
     }
     /// Whether `id` is on this channel's device.
     pub(crate) fn is_for(&self, id: &CmId) -> bool {
@@ -109,8 +116,8 @@ impl CompletionQueue {
     /// that the channel's fd signals the next completion.
     ///
     /// # Safety
-    /// `verbs` must be a live device context that outlives the queue (rdma_cm keeps its
-    /// devices open while any id of them is).
+    /// `verbs` must be a live device context that outlives the queue (librdmacm keeps
+    /// a device open while an object of it is counted, `verbs::device`).
     pub(crate) unsafe fn new(verbs: *mut ibv_context, cqes: u32, comp_vector: u32) -> Result<CompletionQueue> {
         // SAFETY: the contract, passed on.
         unsafe { Self::on_channel(verbs, cqes, comp_vector, CompletionChannel::new(verbs)?) }

@@ -51,6 +51,8 @@ function_table! {
         fn rdma_resolve_route(*mut rdma_cm_id, c_int) -> c_int;
         fn rdma_connect(*mut rdma_cm_id, *mut rdma_conn_param) -> c_int;
         fn rdma_event_str(rdma_cm_event_type::Type) -> *const c_char;
+        fn rdma_get_devices(*mut c_int) -> *mut *mut ibv_context;
+        fn rdma_free_devices(*mut *mut ibv_context) -> ();
     }
     libibverbs {
         fn ibv_get_device_list(*mut c_int) -> *mut *mut ibv_device;

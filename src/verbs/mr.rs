@@ -14,7 +14,11 @@ use super::{Result, VerbsError, VerbsOp};
 
 /// A protection domain, shared by an endpoint, its regions and the RX buffers prepared
 /// for it off the event loop; freed when the last holder drops it.
-pub struct ProtectionDomain(NonNull<ibv_pd>);
+pub struct ProtectionDomain {
+    pd: NonNull<ibv_pd>,
+    /// Counts the domain on its device until it is freed.
+    _hold: super::device::DeviceHold,
+}
 
 // SAFETY: a verbs object; libibverbs is thread-safe for registering memory on a PD
 // from several threads, and it is freed exactly once (Drop).
@@ -25,15 +29,18 @@ unsafe impl Sync for ProtectionDomain {}
 
 impl ProtectionDomain {
     /// # Safety
-    /// `verbs` must be a live device context that outlives the domain (rdma_cm keeps
-    /// its devices open).
+    /// `verbs` must be a live device context that outlives the domain (librdmacm keeps
+    /// a device open while the domain's hold is counted, `verbs::device`).
     pub(super) unsafe fn alloc(verbs: *mut ibv_context) -> Result<Arc<ProtectionDomain>> {
         // SAFETY: per the contract.
         let pd = unsafe { (loaded().ibv_alloc_pd)(verbs) };
-        NonNull::new(pd).map(|p| Arc::new(ProtectionDomain(p))).ok_or_else(|| VerbsError::last(VerbsOp::AllocPd))
+        let hold = super::device::DeviceHold::new(verbs);
+        NonNull::new(pd)
+            .map(|pd| Arc::new(ProtectionDomain { pd, _hold: hold }))
+            .ok_or_else(|| VerbsError::last(VerbsOp::AllocPd))
     }
     pub(super) fn as_ptr(&self) -> *mut ibv_pd {
-        self.0.as_ptr()
+        self.pd.as_ptr()
     }
 
     /// Registers memory only our own device reads and writes (control slots, TX).

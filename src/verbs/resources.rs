@@ -121,6 +121,14 @@ impl CmEvent {
     pub fn is_established(&self) -> bool {
         self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
     }
+    /// The id's device is being removed (docs/operator-guide.md, "When a device goes away").
+    pub fn is_device_removal(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+    }
+    /// The id's address moved to another device, or went away.
+    pub fn is_addr_change(&self) -> bool {
+        self.kind == rdma_cm_event_type::RDMA_CM_EVENT_ADDR_CHANGE
+    }
     /// The connection is over for this event's id (docs/protocol.md §1).
     pub fn is_disconnect(&self) -> bool {
         use rdma_cm_event_type as ev;

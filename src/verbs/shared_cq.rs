@@ -260,10 +260,14 @@ impl SharedCq {
 
     /// The completion vector its interrupts are on, and how many its device has.
     pub(crate) fn vectors(&self) -> (i32, i32) {
-        // SAFETY: `num_comp_vectors` is plain data of the device context, which rdma_cm
-        // keeps open while the process runs (see `CompletionChannel::of_device`).
+        // SAFETY: `num_comp_vectors` is plain data of the device context, which stays
+        // open while an object of it (this CQ) is (see `CompletionChannel::of_device`).
         let available = unsafe { (*self.verbs).num_comp_vectors };
         (self.queue.comp_vector(), available)
+    }
+    /// The device it is on.
+    pub(crate) fn device(&self) -> super::DeviceKey {
+        super::DeviceKey::from_context(self.verbs)
     }
     /// Whether `cq` is this CQ (an event of a shared channel names its CQ).
     pub(crate) fn is(&self, cq: *mut ibv_cq) -> bool {

@@ -821,3 +821,138 @@ case_metrics() {  # valkey-rdma-cli metrics: INFO rdma in the Prometheus text fo
     server_alive
 }
 run_case "ours valkey-rdma-cli metrics: Prometheus text, printed and over HTTP" case_metrics
+
+# wait_until SECS CMD...: runs CMD every 0.2 s until it succeeds (0) or SECS pass (1).
+wait_until() {
+    local secs=$1 t0=$SECONDS; shift
+    until "$@"; do
+        [ $((SECONDS - t0)) -lt "$secs" ] || return 1
+        sleep 0.2
+    done
+}
+# device_files PID: the RDMA device files (uverbs, their event and completion channels) PID holds.
+device_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -cE 'infiniband/uverbs|infinibandevent'; }
+rxe_netdev() { rdma link show rxe0/1 2>/dev/null | sed -n 's/.* netdev \([^ ]*\).*/\1/p'; }
+rxe_active() { rdma link show rxe0/1 2>/dev/null | grep -q "state ACTIVE"; }
+log_has() { grep -qF "$1" "$SERVER_LOG"; }
+info_is() { [ "$(rdma_info "$1")" = "$2" ]; }
+
+# A second Soft-RoCE device, rxe9 on its own dummy netdev, for the device cases.
+SECOND_ADDR=10.79.0.1
+second_device_up() {
+    ip link add dummy9 type dummy && ip addr add "$SECOND_ADDR/24" dev dummy9 && ip link set dummy9 up \
+        && rdma link add rxe9 type rxe netdev dummy9 \
+        && wait_until 10 eval 'rdma link show rxe9/1 2>/dev/null | grep -q "state ACTIVE"'
+}
+second_device_down() {
+    rdma link delete rxe9 2>/dev/null
+    ip link delete dummy9 2>/dev/null
+}
+
+case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0 and rxe9, then rdma link add rxe0
+    local netdev del c1 c2 c3 t0
+    netdev=$(rxe_netdev)
+    [ -n "$netdev" ] || { fail "no rxe0 to remove"; return 1; }
+    second_device_up || { fail "no second device rxe9"; return 1; }
+    start_server devrm "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" "$SECOND_ADDR" --rdma-port @PORT@ || return 1
+    "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/devrm-c1.out" 2>&1 &
+    c1=$!
+    "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/devrm-c2.out" 2>&1 &
+    c2=$!
+    "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" -r -1 -i 1 INCR n > "$WORK/devrm-c3.out" 2>&1 &
+    c3=$!
+    wait_until 30 info_is connected_clients 3 || { fail "the three RDMA clients did not connect"; return 1; }
+    note "before: the server holds $(device_files "$SERVER_PID") device files: $(ls -l "/proc/$SERVER_PID/fd" | grep -o 'uverbs[0-9]*' | sort | tr '\n' ' ')"
+    (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrm-delete.out" 2>&1 &
+    del=$!
+    t0=$SECONDS
+    wait_until 20 log_has "RDMA: device rxe0 removed: closing the 2 connection(s) on it" \
+        || { fail "no log line for the removal with the count of its connections"; return 1; }
+    wait_until 20 info_is connected_clients 1 || { fail "connected_clients $(rdma_info connected_clients), want 1: the one on rxe9"; return 1; }
+    wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
+        || { fail "the removed device's resources are not released"; return 1; }
+    wait_until 20 eval '! ls -l "/proc/$SERVER_PID/fd" | grep -q uverbs0' \
+        || { fail "the server still holds rxe0's file"; ls -l "/proc/$SERVER_PID/fd" | grep infiniband; return 1; }
+    note "$((SECONDS - t0)) s after the delete began the server holds no file of rxe0 (now: $(ls -l "/proc/$SERVER_PID/fd" | grep -o 'uverbs[0-9]*' | sort | tr '\n' ' ')); the delete $( [ -s "$WORK/devrm-delete.out" ] && echo "finished: $(cat "$WORK/devrm-delete.out")" || echo "waits for the clients' processes")"
+    expect_eq "PING over TCP meanwhile" "$(timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" PING)" PONG || return 1
+    expect_eq "a new client on rxe9 meanwhile" "$(timeout 20 "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" PING)" PONG || return 1
+    expect_eq "rdma_listeners_down" "$(rdma_info listeners_down)" 1 || return 1
+    expect_eq "rdma_devices_removed" "$(rdma_info devices_removed)" 1 || return 1
+    kill -9 "$c1" "$c2" 2>/dev/null; wait "$c1" "$c2" 2>/dev/null
+    t0=$SECONDS
+    wait "$del"
+    expect_eq "rdma link delete, once the clients on rxe0 are gone" "$(cat "$WORK/devrm-delete.out")" "rc=0" || return 1
+    note "the delete finished $((SECONDS - t0)) s after the clients on rxe0 were killed"
+    local n1 n2; n1=$("$CLI912" -p "$PORT" GET n); sleep 2; n2=$("$CLI912" -p "$PORT" GET n)
+    [ "$n2" -gt "$n1" ] 2>/dev/null || { fail "the client on rxe9 stopped: n $n1 then $n2"; return 1; }
+    note "the client on rxe9 went on throughout: n=$n2"
+    rdma link add rxe0 type rxe netdev "$netdev" && wait_until 10 rxe_active || { fail "rxe0 did not come back"; return 1; }
+    t0=$SECONDS
+    wait_until 20 log_has "RDMA: listening on $RDMA_ADDR:$PORT again" || { fail "the listener did not come back"; return 1; }
+    note "listening again $((SECONDS - t0)) s after the device came back"
+    expect_eq "PING over RDMA on rxe0 after it came back" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    expect_eq "rdma_listeners_down" "$(rdma_info listeners_down)" 0 || return 1
+    expect_eq "rdma_relistens" "$(rdma_info relistens)" 1 || return 1
+    kill "$c3" 2>/dev/null; wait "$c3" 2>/dev/null
+    server_alive
+}
+# Whatever the case left, the suite goes on with rxe0 and without rxe9: a delete still
+# waiting ends when the servers and clients are gone.
+device_removed_then_restored() {
+    local netdev rc
+    netdev=$(rxe_netdev)
+    case_device_removed; rc=$?
+    stop_all_servers
+    pkill -9 -f -- "--rdma -h" 2>/dev/null
+    if ! rxe_active; then
+        for _ in $(seq 1 100); do rdma link show rxe0/1 > /dev/null 2>&1 || break; sleep 0.2; done
+        rdma link add rxe0 type rxe netdev "${netdev:-dummy0}" 2>/dev/null
+        wait_until 10 rxe_active || echo "# rxe0 could not be restored"
+    fi
+    second_device_down
+    return $rc
+}
+run_case "ours device removed under live clients: its connections closed, the device let go, TCP and a second device serve; back: listening again" device_removed_then_restored
+
+# event_files PID: the anonymous "infinibandevent" files PID holds (a device context's
+# async events, and each completion channel).
+event_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -c 'infinibandevent'; }
+
+case_only_device_removed() {  # the host's only device removed: all the module made there is freed
+    local del c1
+    start_server onlydev "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/onlydev-c1.out" 2>&1 &
+    c1=$!
+    wait_until 30 info_is connected_clients 1 || { fail "the RDMA client did not connect"; return 1; }
+    note "before: $(event_files "$SERVER_PID") event files (librdmacm's context, the shared completion channel)"
+    (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/onlydev-delete.out" 2>&1 &
+    del=$!
+    wait_until 20 log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" \
+        || { fail "no log line for the removal"; return 1; }
+    wait_until 20 log_has "RDMA: device rxe0: its last connection is closed; releasing its 1 shared completion queue(s)" \
+        || { fail "the connection on the removed device was not closed"; return 1; }
+    wait_until 20 eval '[ "$(event_files "$SERVER_PID")" -le 1 ]' \
+        || { fail "the module's completion channel is still open ($(event_files "$SERVER_PID") event files)"; return 1; }
+    kill -9 "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
+    sleep 4
+    note "with the client gone the server holds $(device_files "$SERVER_PID") device file(s) (librdmacm's context, kept while no device is listed); the delete $( [ -s "$WORK/onlydev-delete.out" ] && echo "finished: $(cat "$WORK/onlydev-delete.out")" || echo "waits")"
+    expect_eq "PING over TCP meanwhile" "$(timeout 10 "$CLI912" -h 127.0.0.1 -p "$PORT" PING)" PONG || return 1
+    server_alive || return 1
+    stop_all_servers
+    wait "$del"
+    expect_eq "rdma link delete once the server is gone" "$(cat "$WORK/onlydev-delete.out")" "rc=0"
+}
+only_device_removed_then_restored() {
+    local netdev rc
+    netdev=$(rxe_netdev)
+    case_only_device_removed; rc=$?
+    stop_all_servers
+    pkill -9 -f -- "--rdma -h" 2>/dev/null
+    if ! rxe_active; then
+        for _ in $(seq 1 100); do rdma link show rxe0/1 > /dev/null 2>&1 || break; sleep 0.2; done
+        rdma link add rxe0 type rxe netdev "${netdev:-dummy0}" 2>/dev/null
+        wait_until 10 rxe_active || echo "# rxe0 could not be restored"
+    fi
+    return $rc
+}
+run_case "ours the only device removed: its connection closed and all the module made there freed (librdmacm keeps its context)" only_device_removed_then_restored

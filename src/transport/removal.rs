@@ -1,0 +1,89 @@
+//! A device the kernel removes (a driver reload, a VF reset, `rdma link delete`):
+//! rdma_cm sends DEVICE_REMOVAL to every id on it, and a driver that cannot revoke a
+//! process's access (rxe, and others) finishes the removal only once every process has
+//! freed all it holds there. The module closes the connections on the device (the
+//! server reads EOF from each), its listeners lose their ids (`listener`), its shared
+//! CQs are forgotten, and once the last of its connections is released, librdmacm is
+//! asked to close the device (`verbs::let_go_of_removed_devices`). TCP and the other
+//! devices serve on throughout (docs/operator-guide.md, "When a device goes away").
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use super::{connection, live, lock, shared_cqs, stats, MODULE};
+use crate::verbs::{self, DeviceKey};
+
+/// Removed devices whose resources are still being released.
+pub(crate) struct Removals {
+    devices: Mutex<Vec<Removed>>,
+    /// Whether `devices` has any (read at every close).
+    any: AtomicBool,
+}
+
+struct Removed {
+    device: DeviceKey,
+    name: String,
+    /// Its shared CQs are forgotten (once its last connection closed).
+    cqs_forgotten: bool,
+}
+
+impl Removals {
+    pub(crate) const fn new() -> Removals {
+        Removals { devices: Mutex::new(Vec::new()), any: AtomicBool::new(false) }
+    }
+}
+
+/// DEVICE_REMOVAL for an id on `device` (the first of many: every id on it gets one):
+/// closes every live connection on it, with one log line for all.
+pub(crate) fn device_removed(device: DeviceKey, name: &str) {
+    {
+        let mut removed = lock(&MODULE.removals.devices);
+        if removed.iter().any(|r| r.device == device) {
+            return;
+        }
+        removed.push(Removed { device, name: name.to_owned(), cqs_forgotten: false });
+        MODULE.removals.any.store(true, Ordering::Relaxed);
+    }
+    stats::add(&MODULE.stats.devices_removed, 1);
+    let on_it: Vec<_> = live::snapshot().into_iter().filter(|c| c.inner.device == Some(device)).collect();
+    log::warn!(
+        "RDMA: device {name} removed: closing the {} connection(s) on it and releasing what the module holds there; TCP and other devices serve on",
+        on_it.len()
+    );
+    for c in &on_it {
+        connection::on_disconnected(c);
+        connection::queue_if_due(c);
+    }
+}
+
+/// For each removed device with no live connection left: its shared CQs are forgotten;
+/// once the last object of the module's on it is freed (on the `rdma-release` thread),
+/// librdmacm is asked to close it. Called at each close and from the module's tick
+/// (every keepalive period), until librdmacm could read the device list.
+pub(crate) fn release_finished() {
+    if !MODULE.removals.any.load(Ordering::Relaxed) {
+        return;
+    }
+    let live = live::snapshot();
+    let mut removed = lock(&MODULE.removals.devices);
+    for r in removed.iter_mut() {
+        if r.cqs_forgotten || live.iter().any(|c| c.inner.device == Some(r.device)) {
+            continue;
+        }
+        r.cqs_forgotten = true;
+        let cqs = shared_cqs::forget_device(r.device);
+        log::info!(
+            "RDMA: device {}: its last connection is closed; releasing its {cqs} shared completion queue(s)",
+            r.name
+        );
+    }
+    drop(live);
+    removed.retain(|r| {
+        let let_go = r.cqs_forgotten && !verbs::device_held(r.device) && verbs::let_go_of_removed_devices();
+        if let_go {
+            log::info!("RDMA: device {}: the module holds nothing on it any more", r.name);
+        }
+        !let_go
+    });
+    MODULE.removals.any.store(!removed.is_empty(), Ordering::Relaxed);
+}
