@@ -70,6 +70,8 @@ pub enum ConfigError {
     TooManyBinds(usize),
     /// Not an IP literal, `*` or `::*`.
     BadBindAddress(String),
+    /// An IPv6 link-local address (`fe80::/10`), with or without a `%scope`.
+    LinkLocalBind(String),
     /// A module argument and the core config it duplicates disagree.
     Conflict {
         arg: String,
@@ -91,6 +93,10 @@ impl std::fmt::Display for ConfigError {
             ConfigError::BadBindAddress(a) => write!(
                 f,
                 "bind address '{a}' is not an IP address (RDMA binds to IP literals, '*' or '::*', optionally prefixed with '-')"
+            ),
+            ConfigError::LinkLocalBind(a) => write!(
+                f,
+                "bind address '{a}' is IPv6 link-local (fe80::/10), which RDMA does not serve (RoCE v2 does not route it, and it needs a scope per interface): bind to a global or unique-local IPv6 address, or an IPv4 address, of the RDMA netdev"
             ),
             ConfigError::Conflict { arg, config, config_value } => write!(
                 f,
@@ -173,6 +179,10 @@ fn validate_bind(a: &str) -> Result<String, ConfigError> {
     BindAddr::parse(a).map(|_| a.to_string())
 }
 
+fn is_link_local(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 /// One bind address as `bind`/`rdma-bind` take it: an IP literal, `*` (every IPv4
 /// address), `::*` (every IPv6 address), each optionally prefixed with `-` (skip it
 /// silently if it does not exist on this host), as for TCP.
@@ -191,8 +201,19 @@ impl BindAddr {
         let ip = match a {
             "*" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             "::*" => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-            _ => a.parse::<IpAddr>().map_err(|_| ConfigError::BadBindAddress(s.to_string()))?,
+            _ => {
+                // "fe80::1%eth0": the scope is a link-local address's only use
+                let unscoped = a.split_once('%').map_or(a, |(ip, _)| ip);
+                let ip = unscoped.parse::<IpAddr>().map_err(|_| ConfigError::BadBindAddress(s.to_string()))?;
+                if unscoped.len() != a.len() && !is_link_local(&ip) {
+                    return Err(ConfigError::BadBindAddress(s.to_string()));
+                }
+                ip
+            }
         };
+        if is_link_local(&ip) {
+            return Err(ConfigError::LinkLocalBind(s.to_string()));
+        }
         Ok(BindAddr { ip, optional })
     }
 
@@ -283,6 +304,19 @@ mod tests {
         assert!(BindAddr::parse("-10.1.2.3").unwrap().optional);
         assert_eq!(BindAddr::parse_list::<&str>(&[]).unwrap().len(), 2);
         assert!(BindAddr::parse("").is_err());
+    }
+
+    #[test]
+    fn ipv6_link_local_binds_are_refused_with_what_to_use_instead() {
+        for a in ["fe80::1", "fe80::5054:ff:fe12:3456%eth0", "-febf::1", "FE80::1%2"] {
+            let e = BindAddr::parse(a).unwrap_err();
+            assert_eq!(e, ConfigError::LinkLocalBind(a.to_string()));
+            assert!(e.to_string().contains("global or unique-local"), "{e}");
+        }
+        assert_eq!(BindAddr::parse("fd00:78::1").unwrap().ip, "fd00:78::1".parse::<IpAddr>().unwrap());
+        assert!(BindAddr::parse("fec0::1").is_ok(), "just past fe80::/10");
+        assert_eq!(BindAddr::parse("fd00::1%eth0").unwrap_err(), ConfigError::BadBindAddress("fd00::1%eth0".into()));
+        assert_eq!(parse_module_args(&["bind=fe80::1"]).unwrap_err(), ConfigError::LinkLocalBind("fe80::1".into()));
     }
 
     #[test]

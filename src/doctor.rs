@@ -245,7 +245,9 @@ pub fn map_count(clients: u64) -> Check {
     }
 }
 
-/// Whether `ip` belongs to an RDMA device: an rdma_cm id binds to it.
+/// Whether `ip` belongs to an RDMA device (an rdma_cm id binds to it), and if so which
+/// device and port carry it, the port's state, the address's GID and whether it is
+/// routable (RoCE v2) or reaches only its own L2 segment (RoCE v1).
 pub fn bind(ip: IpAddr) -> Check {
     let name = format!("bind {ip}");
     let channel = match EventChannel::new() {
@@ -256,16 +258,88 @@ pub fn bind(ip: IpAddr) -> Check {
         Ok(id) => id,
         Err(e) => return Check::bad(Status::Fail, name, e.to_string(), "fix the rdma_cm check first"),
     };
-    match id.bind(&SocketAddr::new(ip, 0)) {
-        Ok(()) if ip.is_unspecified() => Check::ok(name, "the wildcard address: every RDMA device"),
-        Ok(()) => Check::ok(name, "on an RDMA device"),
-        Err(e) => Check::bad(
+    if let Err(e) = id.bind(&SocketAddr::new(ip, 0)) {
+        return Check::bad(
             Status::Fail,
             name,
             e.to_string(),
             "the address is not on an RDMA device: bind to the IP of a netdev that `rdma link` lists (RoCE/IPoIB), or use rdma-bind *",
+        );
+    }
+    if ip.is_unspecified() {
+        return Check::ok(name, "the wildcard address: every RDMA device");
+    }
+    let (dev, port) = (verbs::device_name(&id), id.port_num());
+    let p = format!("/sys/class/infiniband/{dev}/ports/{port}");
+    let state = sysfs(format!("{p}/state")).unwrap_or_else(|| "unknown".into());
+    let link = sysfs(format!("{p}/link_layer")).unwrap_or_else(|| "unknown".into());
+    let want = gid_of(ip);
+    let types: Vec<String> = dir_names(format!("{p}/gids"))
+        .into_iter()
+        .filter(|i| sysfs(format!("{p}/gids/{i}")).as_deref() == Some(want.as_str()))
+        .map(|i| sysfs(format!("{p}/gid_attrs/types/{i}")).unwrap_or_default())
+        .collect();
+    let carrier = format!("on {dev} port {port} ({state}, {link})");
+    if !state.contains("ACTIVE") {
+        return Check::bad(
+            Status::Warn,
+            name,
+            carrier,
+            "the port is not ACTIVE: bring its netdev up (ip link set IFACE up) and check the cable or switch",
+        );
+    }
+    match route_kind(&link, &types) {
+        Route::Routable => Check::ok(name, format!("{carrier}, GID {want} RoCE v2: routable")),
+        Route::Infiniband => Check::ok(name, format!("{carrier}: IPoIB on an InfiniBand fabric")),
+        Route::SegmentOnly => Check::bad(
+            Status::Warn,
+            name,
+            format!("{carrier}, GID {want} RoCE v1 only"),
+            "RoCE v1 reaches only hosts on the same L2 segment: enable RoCE v2 on the NIC (its GID table lists a RoCE v2 GID for each address)",
+        ),
+        Route::NoGid => Check::bad(
+            Status::Warn,
+            name,
+            format!("{carrier}, no GID {want} in its table"),
+            "the port has no GID for this address yet: check that the address is on the port's netdev (ip addr) and not tentative",
         ),
     }
+}
+
+/// How the clients of other hosts reach an address (`route_kind`).
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    /// A RoCE v2 GID: UDP/IP, across routers.
+    Routable,
+    /// Only RoCE v1 GIDs: Ethernet frames, within the L2 segment.
+    SegmentOnly,
+    /// An InfiniBand port (IPoIB): the fabric routes by LID, not by IP.
+    Infiniband,
+    /// No GID of the address on the port.
+    NoGid,
+}
+
+/// From the port's link layer and the types of the GIDs that equal the address.
+fn route_kind(link_layer: &str, gid_types: &[String]) -> Route {
+    if link_layer.eq_ignore_ascii_case("InfiniBand") {
+        Route::Infiniband
+    } else if gid_types.iter().any(|t| t.contains("v2")) {
+        Route::Routable
+    } else if gid_types.is_empty() {
+        Route::NoGid
+    } else {
+        Route::SegmentOnly
+    }
+}
+
+/// The GID of an IP address as sysfs writes it: IPv4 mapped into IPv6
+/// (`0000:0000:0000:0000:0000:ffff:0a4d:0001`), IPv6 as it is, 8 groups of 4 digits.
+fn gid_of(ip: IpAddr) -> String {
+    let v6 = match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    v6.segments().iter().map(|s| format!("{s:04x}")).collect::<Vec<_>>().join(":")
 }
 
 /// The valkey-server at `path`: its version, and whether this module supports it.
@@ -326,6 +400,17 @@ pub fn run(opts: &Options) -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bind_address_is_found_in_the_gid_table_as_sysfs_writes_it() {
+        assert_eq!(gid_of("10.77.0.1".parse().unwrap()), "0000:0000:0000:0000:0000:ffff:0a4d:0001");
+        assert_eq!(gid_of("fd00:78::1".parse().unwrap()), "fd00:0078:0000:0000:0000:0000:0000:0001");
+        let v = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(route_kind("Ethernet", &v(&["IB/RoCE v1", "RoCE v2"])), Route::Routable);
+        assert_eq!(route_kind("Ethernet", &v(&["IB/RoCE v1"])), Route::SegmentOnly);
+        assert_eq!(route_kind("Ethernet", &[]), Route::NoGid);
+        assert_eq!(route_kind("InfiniBand", &[]), Route::Infiniband);
+    }
 
     #[test]
     fn a_check_line_says_what_was_found_and_what_to_do() {

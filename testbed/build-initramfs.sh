@@ -7,8 +7,8 @@ OUT=$(readlink -f -m "${2:?usage: $0 KROOT OUT.cpio.gz}")
 HERE=$(dirname "$(readlink -f "$0")")
 KVER=$(ls "$KROOT/lib/modules" | head -n1)
 # Order matters: virtio and 9p first (the host root), then the NICs (virtio_net for
-# run-in-vm.sh -w, dummy otherwise) and RDMA.
-MODS="virtio_pci 9pnet_virtio 9p virtio_net crc32_generic crc32-pclmul dummy rdma_rxe ib_uverbs rdma_ucm"
+# run-in-vm.sh -w, dummy otherwise; bonding for the address-change case) and RDMA.
+MODS="virtio_pci 9pnet_virtio 9p virtio_net crc32_generic crc32-pclmul dummy bonding rdma_rxe ib_uverbs rdma_ucm"
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE"/{bin,sbin,proc,sys,dev,newroot,lib/modules}

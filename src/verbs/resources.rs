@@ -272,6 +272,10 @@ impl CmId {
         // SAFETY: the id is live; disconnecting twice or before connecting only errors.
         unsafe { (loaded().rdma_disconnect)(self.as_ptr()) };
     }
+    /// The device port the id is bound to (0 before its address is bound or resolved).
+    pub fn port_num(&self) -> u8 {
+        self.raw().port_num
+    }
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         // SAFETY: route.addr is plain data inside the live id.
         sockaddr_to_std(unsafe { &*std::ptr::addr_of!(self.raw().route.addr.src_addr_union).cast() })

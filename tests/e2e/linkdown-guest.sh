@@ -8,30 +8,42 @@
 #   until the guest is stopped. Before that, from this other host: PING over RDMA and
 #   over TCP to the server guest's second server (port PORT+1, protected mode on, no
 #   password), and CLIENT INFO over RDMA to the first; the answers go to ./protected.out.
+#   Also from there: PING and CLIENT INFO over RDMA to the server's IPv6 address on the
+#   wire (rdma-bind has both families), and a short valkey-benchmark --rdma across the
+#   wire (./bench.out).
 # Server guest, before the rest: that protected server, asked from the server's own
 #   address over RDMA and TCP (lines "# protected mode ...").
 set -uo pipefail
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
 N=20
 role=$1
+# The wire's IPv6 addresses (unique-local; nodad: usable at once, no duplicate detection).
+V6_SERVER=fd00:78::1 V6_CLIENT=fd00:78::2
+wire_netdev() { rdma link show rxe0/1 | sed -n 's/.* netdev \([^ ]*\).*/\1/p'; }
 
 if [ "$role" = client ]; then
     server=$2 port=$3
+    ip addr add "$V6_CLIENT/64" dev "$(wire_netdev)" nodad
     for _ in $(seq 1 300); do "$CLI912" -h "$server" -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.2; done
     {
         r=$(timeout 20 "$CLI912" --rdma -h "$server" -p $((port + 1)) PING 2>&1 | head -c 40)
         echo "protected_rdma=${r:-<no reply: the connection was closed>}"
         echo "protected_tcp=$(timeout 20 "$CLI912" -h "$server" -p $((port + 1)) PING 2>&1 | head -c 40)"
         echo "client_info=$(timeout 20 "$CLI912" --rdma -h "$server" -p "$port" CLIENT INFO 2>&1 | cut -d' ' -f1-4)"
+        echo "ipv6_ping=$(timeout 20 "$CLI912" --rdma -h "$V6_SERVER" -p "$port" PING 2>&1 | head -c 60)"
+        echo "ipv6_client_info=$(timeout 20 "$CLI912" --rdma -h "$V6_SERVER" -p "$port" CLIENT INFO 2>&1 | cut -d' ' -f2-3)"
     } > protected.out
+    timeout 120 "$BENCH912" --rdma -h "$server" -p "$port" -t set,get -n "${WIRE_BENCH_N:-4000}" -c 4 -q > bench.out 2>&1
     echo "# client guest: the server answers over TCP across the wire; opening $N idle RDMA connections"
     exec "$BENCH912" --rdma -h "$server" -p "$port" -I -c "$N"
 fi
 
 impl=$2
+ip addr add "$V6_SERVER/64" dev "$(wire_netdev)" nodad
+sleep 1   # (rxe adds the address's GID from a work queue)
 case "$impl" in
-    ours) MODARGS=(--loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@) ;;
-    c) MODARGS=(--loadmodule "$VALKEY_912/src/valkey-rdma.so" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@) ;;
+    ours) MODARGS=(--loadmodule "$OUR_MODULE" --rdma-bind "$RDMA_ADDR" "$V6_SERVER" --rdma-port @PORT@) ;;
+    c) MODARGS=(--loadmodule "$VALKEY_912/src/valkey-rdma.so" --rdma-bind "$RDMA_ADDR" "$V6_SERVER" --rdma-port @PORT@) ;;
     *) echo "linkdown-guest: unknown module $impl"; exit 2 ;;
 esac
 # The protected server first (port 6380): protected mode on, no password. Upstream's rule,

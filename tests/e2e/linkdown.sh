@@ -19,6 +19,7 @@ exec 9> /tmp/valkey-rdma-guest.lock
 flock 9
 "$TESTBED_SCRIPTS/prepare-guest.sh" >/dev/null 2>&1 || "$TESTBED_SCRIPTS/prepare-guest.sh" || exit 125
 FAILED=0 PASSED=0
+declare -A RPS   # "impl test" -> requests per second across the wire
 monitor() {  # monitor SOCKET COMMAND: one command to a QEMU human monitor
     python3 - "$1" "$2" <<'PY'
 import socket, sys, time
@@ -93,6 +94,25 @@ for impl in "${IMPLS[@]}"; do
     else
         echo "# protected mode across hosts, $impl (measured, not required): $([ $pok = 1 ] && echo as ours || echo differs)"
     fi
+    # IPv6 across the wire: rdma-bind on the server's unique-local address of the wire.
+    v6ok=1
+    grep -q "^ipv6_ping=PONG" "$D/client/protected.out" 2>/dev/null || v6ok=0
+    grep -q "^ipv6_client_info=addr=\[fd00:78::2\]:[0-9]* laddr=\[fd00:78::1\]:6379" "$D/client/protected.out" 2>/dev/null || v6ok=0
+    if [ "$impl" = ours ]; then
+        if [ $v6ok = 1 ]; then PASSED=$((PASSED + 1)); echo "ok - IPv6 across hosts $impl"
+        else FAILED=$((FAILED + 1)); echo "not ok - IPv6 across hosts $impl (want PONG from fd00:78::1 and CLIENT INFO addr=[fd00:78::2]:PORT laddr=[fd00:78::1]:6379)"; fi
+    else
+        echo "# IPv6 across hosts, $impl (measured, not required): $([ $v6ok = 1 ] && echo as ours || echo differs)"
+    fi
+    for t in SET GET; do
+        RPS["$impl $t"]=$(tr '\r' '\n' < "$D/client/bench.out" 2>/dev/null | grep "^$t: " | tail -n1 | sed -E 's/^[^:]*: ([0-9.]+) requests per second.*/\1/')
+        echo "# across the wire, $impl: $t ${RPS["$impl $t"]:-none} requests per second (valkey-benchmark --rdma -c 4, ${WIRE_BENCH_N:-4000} requests)"
+    done
 done
+if [ -n "${RPS["ours SET"]:-}" ] && [ -n "${RPS["c SET"]:-}" ]; then
+    for t in SET GET; do
+        awk -v o="${RPS["ours $t"]}" -v c="${RPS["c $t"]}" -v t="$t" 'BEGIN { if (c > 0) printf "# across the wire, ours/C %s: %.3f (one run each under TCG: a smoke figure, not a ratio with its noise)\n", t, o / c }'
+    done
+fi
 echo "linkdown: $PASSED passed, $FAILED failed"
 [ "$FAILED" = 0 ]

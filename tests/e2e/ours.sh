@@ -2,6 +2,21 @@
 # behaviour issue 3 asks for, with real servers, real clients and real verbs.
 
 OURS=(--loadmodule "$OUR_MODULE")
+
+# wait_until SECS CMD...: runs CMD every 0.2 s until it succeeds (0) or SECS pass (1).
+wait_until() {
+    local secs=$1 t0=$SECONDS; shift
+    until "$@"; do
+        [ $((SECONDS - t0)) -lt "$secs" ] || return 1
+        sleep 0.2
+    done
+}
+# device_files PID: the RDMA device files (uverbs, their event and completion channels) PID holds.
+device_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -cE 'infiniband/uverbs|infinibandevent'; }
+rxe_netdev() { rdma link show rxe0/1 2>/dev/null | sed -n 's/.* netdev \([^ ]*\).*/\1/p'; }
+rxe_active() { rdma link show rxe0/1 2>/dev/null | grep -q "state ACTIVE"; }
+log_has() { grep -qF "$1" "$SERVER_LOG"; }
+info_is() { [ "$(rdma_info "$1")" = "$2" ]; }
 RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
 TEST_PEER=${TEST_PEER:-$PROJECT_ROOT/target/release/valkey-rdma-test-peer}
 
@@ -139,6 +154,10 @@ case_config_set_port() {  # CONFIG SET rdma-port under load; 0 stops listening; 
     case "$bad" in *ERR*) ;; *) fail "rdma-bind to a foreign address was accepted"; return 1 ;; esac
     expect_eq "the old listener still serves after a failed re-listen" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p2 PING)" PONG || return 1
     grep -q "not on an RDMA device" "$SERVER_LOG" || { fail "no log line explaining the bind failure"; return 1; }
+    bad=$("$CLI912" -p "$PORT" config set rdma-bind fe80::1 2>&1)
+    case "$bad" in *ERR*) ;; *) fail "rdma-bind to an IPv6 link-local address was accepted"; return 1 ;; esac
+    grep -q "bind address 'fe80::1' is IPv6 link-local" "$SERVER_LOG" || { fail "no log line explaining the link-local refusal"; return 1; }
+    expect_eq "the old listener still serves after the refusal" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p $p2 PING)" PONG || return 1
     server_alive
 }
 
@@ -296,7 +315,17 @@ case_doctor() {  # valkey-rdma-cli doctor where RDMA works: no FAIL, exit 0; a w
     out=$("$RDMA_CLI" doctor --bind "$RDMA_ADDR" --clients 2 --rx-size 65536 --server "$VALKEY_912/src/valkey-server" 2>&1); rc=$?
     echo "$out" | sed 's/^/# /'
     expect_eq "doctor exit status" "$rc" 0 || return 1
-    [[ $out == *"OK   devices: "* && $out == *"OK   rdma_cm: "* && $out == *"OK   bind $RDMA_ADDR: on an RDMA device"* ]] || { fail "a check is missing"; return 1; }
+    [[ $out == *"OK   devices: "* && $out == *"OK   rdma_cm: "* ]] || { fail "a check is missing"; return 1; }
+    [[ $out == *"OK   bind $RDMA_ADDR: on rxe0 port 1 ("*"ACTIVE, Ethernet), GID 0000:0000:0000:0000:0000:ffff:"*" RoCE v2: routable"* ]] \
+        || { fail "the bind check does not name the device, port, state and GID of the address"; return 1; }
+    # an IPv6 address on the same netdev: its own GID
+    ip addr add fd00:77::1/64 dev "$(rxe_netdev)" nodad
+    sleep 1
+    local v6out; v6out=$("$RDMA_CLI" doctor --bind fd00:77::1 2>&1)
+    ip addr del fd00:77::1/64 dev "$(rxe_netdev)"
+    echo "$v6out" | grep "bind fd00" | sed 's/^/# /'
+    [[ $v6out == *"OK   bind fd00:77::1: on rxe0 port 1 ("*"GID fd00:0077:0000:0000:0000:0000:0000:0001 RoCE v2: routable"* ]] \
+        || { fail "no routable GID for the IPv6 address"; return 1; }
     [[ $out == *"OK   port "*"ACTIVE"* ]] || { fail "no ACTIVE port reported"; return 1; }
     [[ $out == *"OK   server "*"9.1.2"*"supported"* ]] || { fail "the server check"; return 1; }
     [[ $out != *"FAIL "* ]] || { fail "a check failed"; return 1; }
@@ -822,20 +851,6 @@ case_metrics() {  # valkey-rdma-cli metrics: INFO rdma in the Prometheus text fo
 }
 run_case "ours valkey-rdma-cli metrics: Prometheus text, printed and over HTTP" case_metrics
 
-# wait_until SECS CMD...: runs CMD every 0.2 s until it succeeds (0) or SECS pass (1).
-wait_until() {
-    local secs=$1 t0=$SECONDS; shift
-    until "$@"; do
-        [ $((SECONDS - t0)) -lt "$secs" ] || return 1
-        sleep 0.2
-    done
-}
-# device_files PID: the RDMA device files (uverbs, their event and completion channels) PID holds.
-device_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -cE 'infiniband/uverbs|infinibandevent'; }
-rxe_netdev() { rdma link show rxe0/1 2>/dev/null | sed -n 's/.* netdev \([^ ]*\).*/\1/p'; }
-rxe_active() { rdma link show rxe0/1 2>/dev/null | grep -q "state ACTIVE"; }
-log_has() { grep -qF "$1" "$SERVER_LOG"; }
-info_is() { [ "$(rdma_info "$1")" = "$2" ]; }
 
 # A second Soft-RoCE device, rxe9 on its own dummy netdev, for the device cases.
 SECOND_ADDR=10.79.0.1
@@ -862,6 +877,7 @@ case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0
     "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" -r -1 -i 1 INCR n > "$WORK/devrm-c3.out" 2>&1 &
     c3=$!
     wait_until 30 info_is connected_clients 3 || { fail "the three RDMA clients did not connect"; return 1; }
+    expect_eq "shared completion queues: one per device" "$(rdma_info shared_completion_queues)" 2 || return 1
     note "before: the server holds $(device_files "$SERVER_PID") device files: $(ls -l "/proc/$SERVER_PID/fd" | grep -o 'uverbs[0-9]*' | sort | tr '\n' ' ')"
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrm-delete.out" 2>&1 &
     del=$!
@@ -878,6 +894,7 @@ case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0
     expect_eq "a new client on rxe9 meanwhile" "$(timeout 20 "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" PING)" PONG || return 1
     expect_eq "rdma_listeners_down" "$(rdma_info listeners_down)" 1 || return 1
     expect_eq "rdma_devices_removed" "$(rdma_info devices_removed)" 1 || return 1
+    expect_eq "shared completion queues left: rxe9's" "$(rdma_info shared_completion_queues)" 1 || return 1
     kill -9 "$c1" "$c2" 2>/dev/null; wait "$c1" "$c2" 2>/dev/null
     t0=$SECONDS
     wait "$del"
@@ -896,12 +913,12 @@ case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0
     kill "$c3" 2>/dev/null; wait "$c3" 2>/dev/null
     server_alive
 }
-# Whatever the case left, the suite goes on with rxe0 and without rxe9: a delete still
-# waiting ends when the servers and clients are gone.
-device_removed_then_restored() {
+# then_rxe0_restored CASE: runs CASE; whatever it left, the suite goes on with rxe0 (a
+# delete still waiting ends when the servers and clients are gone) and without rxe9.
+then_rxe0_restored() {
     local netdev rc
     netdev=$(rxe_netdev)
-    case_device_removed; rc=$?
+    "$1"; rc=$?
     stop_all_servers
     pkill -9 -f -- "--rdma -h" 2>/dev/null
     if ! rxe_active; then
@@ -912,7 +929,7 @@ device_removed_then_restored() {
     second_device_down
     return $rc
 }
-run_case "ours device removed under live clients: its connections closed, the device let go, TCP and a second device serve; back: listening again" device_removed_then_restored
+run_case "ours device removed under live clients: its connections closed, the device let go, TCP and a second device serve; back: listening again" then_rxe0_restored case_device_removed
 
 # event_files PID: the anonymous "infinibandevent" files PID holds (a device context's
 # async events, and each completion channel).
@@ -942,17 +959,60 @@ case_only_device_removed() {  # the host's only device removed: all the module m
     wait "$del"
     expect_eq "rdma link delete once the server is gone" "$(cat "$WORK/onlydev-delete.out")" "rc=0"
 }
-only_device_removed_then_restored() {
-    local netdev rc
-    netdev=$(rxe_netdev)
-    case_only_device_removed; rc=$?
-    stop_all_servers
-    pkill -9 -f -- "--rdma -h" 2>/dev/null
-    if ! rxe_active; then
-        for _ in $(seq 1 100); do rdma link show rxe0/1 > /dev/null 2>&1 || break; sleep 0.2; done
-        rdma link add rxe0 type rxe netdev "${netdev:-dummy0}" 2>/dev/null
-        wait_until 10 rxe_active || echo "# rxe0 could not be restored"
+run_case "ours the only device removed: its connection closed and all the module made there freed (librdmacm keeps its context)" then_rxe0_restored case_only_device_removed
+
+case_ipv6() {  # rdma-bind on an IPv6 address of the RDMA netdev: served, addresses shown; link-local refused
+    local v6=fd00:77::1 got
+    ip addr add "$v6/64" dev "$(rxe_netdev)" nodad || { fail "cannot add $v6"; return 1; }
+    sleep 1   # (rxe adds the address's GID from a work queue)
+    start_server ipv6 "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" "$v6" --rdma-port @PORT@
+    local started=$?
+    if [ $started = 0 ]; then
+        got=$(timeout 20 "$CLI912" --rdma -h "$v6" -p "$PORT" PING 2>&1)
+        expect_eq "PING over RDMA to $v6" "$got" PONG; started=$?
     fi
+    if [ $started = 0 ]; then
+        got=$(timeout 20 "$CLI912" --rdma -h "$v6" -p "$PORT" CLIENT INFO 2>&1 | cut -d' ' -f2-3)
+        echo "# CLIENT INFO over IPv6: $got"
+        [[ $got == "addr=[$v6]:"*" laddr=[$v6]:$PORT" ]] || { fail "CLIENT INFO does not show the IPv6 addresses"; started=1; }
+    fi
+    ip addr del "$v6/64" dev "$(rxe_netdev)"
+    [ $started = 0 ] && server_alive
+}
+run_case "ours IPv6: rdma-bind on an IPv6 address, served, CLIENT INFO shows it" case_ipv6
+
+case_address_change() {  # a bond fails over to a slave with another MAC: ADDR_CHANGE, the listener re-binds at once
+    local addr=10.80.0.1 c1 got
+    ip link add bond8 type bond mode active-backup fail_over_mac active || { fail "no bonding in this kernel"; return 1; }
+    ip link add dummy8a type dummy && ip link add dummy8b type dummy \
+        && ip link set dummy8a master bond8 && ip link set dummy8b master bond8 \
+        && ip link set bond8 up && ip addr add "$addr/24" dev bond8 \
+        && rdma link add rxe8 type rxe netdev bond8 \
+        && wait_until 10 eval 'rdma link show rxe8/1 2>/dev/null | grep -q "state ACTIVE"' || { fail "no rxe8 on bond8"; return 1; }
+    start_server addrchg "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$addr" --rdma-port @PORT@ || return 1
+    "$CLI912" --rdma -h "$addr" -p "$PORT" -r -1 -i 1 PING > "$WORK/addrchg-c1.out" 2>&1 &
+    c1=$!
+    wait_until 30 info_is connected_clients 1 || { fail "the RDMA client did not connect"; return 1; }
+    note "bond8 active slave $(cat /sys/class/net/bond8/bonding/active_slave), MAC $(cat /sys/class/net/bond8/address)"
+    echo dummy8b > /sys/class/net/bond8/bonding/active_slave
+    note "failed over to $(cat /sys/class/net/bond8/bonding/active_slave), MAC $(cat /sys/class/net/bond8/address)"
+    wait_until 20 log_has "RDMA: listener on $addr:$PORT: the address changed; listening again" \
+        || { fail "no ADDR_CHANGE on the listener"; grep RDMA "$SERVER_LOG" | tail -n 5; return 1; }
+    wait_until 20 log_has "RDMA: listening on $addr:$PORT again" || { fail "the listener did not re-bind"; return 1; }
+    kill "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
+    got=$(timeout 20 "$CLI912" --rdma -h "$addr" -p "$PORT" PING 2>&1)
+    expect_eq "PING over RDMA after the failover" "$got" PONG || return 1
+    expect_eq "rdma_relistens" "$(rdma_info relistens)" 1 || return 1
+    expect_eq "rdma_listeners_down" "$(rdma_info listeners_down)" 0 || return 1
+    server_alive
+}
+address_change_then_cleaned() {
+    local rc
+    case_address_change; rc=$?
+    stop_all_servers
+    pkill -9 -f -- "--rdma -h 10.80.0.1" 2>/dev/null
+    rdma link delete rxe8 2>/dev/null
+    ip link delete bond8 2>/dev/null; ip link delete dummy8a 2>/dev/null; ip link delete dummy8b 2>/dev/null
     return $rc
 }
-run_case "ours the only device removed: its connection closed and all the module made there freed (librdmacm keeps its context)" only_device_removed_then_restored
+run_case "ours address change (bond failover): the listener re-binds at once" address_change_then_cleaned
