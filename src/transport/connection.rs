@@ -173,6 +173,13 @@ impl RdmaConnection {
         }
     }
 
+    /// As if its endpoint were on `device` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn on_device(mut self, device: DeviceKey) -> RdmaConnection {
+        self.device = Some(device);
+        self
+    }
+
     /// A connection with no endpoint, as one torn down would be: the core, the server's
     /// half and the module's lists work; the NIC takes nothing (unit tests).
     #[cfg(test)]
@@ -651,8 +658,16 @@ pub(crate) mod tests {
     /// A live connection (as `listener.rs` makes it live), ESTABLISHED, with `unread`
     /// bytes received; accepted by the server (with no accept handler) if `accepted`.
     pub(crate) fn connection(unread: u32, accepted: bool) -> Arc<HostedConn> {
-        let c = Hosted::new(RdmaConnection::without_endpoint(RxBuffer { addr: 0x1000, len: 4096, key: 7 }))
-            .expect("an eventfd");
+        connection_on(unread, accepted, None)
+    }
+
+    /// As [`connection`], its endpoint taken to be on `device`.
+    pub(crate) fn connection_on(unread: u32, accepted: bool, device: Option<DeviceKey>) -> Arc<HostedConn> {
+        let mut inner = RdmaConnection::without_endpoint(RxBuffer { addr: 0x1000, len: 4096, key: 7 });
+        if let Some(d) = device {
+            inner = inner.on_device(d);
+        }
+        let c = Hosted::new(inner).expect("an eventfd");
         CONNS.with(|m| m.borrow_mut().insert(c.key(), c.clone()));
         live::insert(&c);
         let mut g = c.inner.lock();
@@ -699,6 +714,28 @@ pub(crate) mod tests {
     fn read_and_requeue(key: usize) {
         record(key, "read");
         pending::push(&by_key(key));
+    }
+
+    #[test]
+    fn a_device_removal_closes_the_connections_on_that_device_and_no_other() {
+        use crate::protocol::conn::State;
+        use crate::transport::removal;
+        let _s = serial();
+        let (a, b) = (DeviceKey::from_context(0x61_0000 as *mut _), DeviceKey::from_context(0x62_0000 as *mut _));
+        let on_a = connection_on(0, true, Some(a));
+        let on_b = connection_on(0, true, Some(b));
+        removal::device_removed(a, "rxeA");
+        assert_eq!(*on_a.inner.lock().d.core.state(), State::PeerClosed);
+        assert_ne!(*on_b.inner.lock().d.core.state(), State::PeerClosed, "another device's connection stays");
+        removal::device_removed(a, "rxeA"); // every id of the device reports it: counted once
+        assert_eq!(removal::in_progress(), [(a, false)]);
+        removal::release_finished();
+        assert_eq!(removal::in_progress(), [(a, false)], "its connection is still open");
+        close(&on_a);
+        removal::release_finished();
+        // No device here for librdmacm to list: the removal waits, its CQs forgotten.
+        assert_eq!(removal::in_progress(), [(a, true)]);
+        close(&on_b);
     }
 
     #[test]

@@ -87,3 +87,9 @@ pub(crate) fn release_finished() {
     });
     MODULE.removals.any.store(!removed.is_empty(), Ordering::Relaxed);
 }
+
+/// (device, whether its CQs are forgotten) of each removal still in progress.
+#[cfg(test)]
+pub(crate) fn in_progress() -> Vec<(DeviceKey, bool)> {
+    lock(&MODULE.removals.devices).iter().map(|r| (r.device, r.cqs_forgotten)).collect()
+}

@@ -10,7 +10,7 @@
 
 use std::sync::Mutex;
 
-use super::resources::{loaded, CmId};
+use super::resources::CmId;
 
 /// A device context, by address: compared, never dereferenced through this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,7 +92,7 @@ pub(crate) fn name_of(id: &CmId) -> String {
 /// it reads none while no RDMA device is left at all, and then keeps a removed
 /// device's context until one is back (or another appears).
 pub(crate) fn let_go_of_removed_devices() -> bool {
-    let l = loaded();
+    let Ok(l) = super::lib() else { return false };
     let mut n = 0;
     // SAFETY: returns a NULL-terminated list of contexts (or NULL), which is handed back
     // to rdma_free_devices unchanged, at once.
