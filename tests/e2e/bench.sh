@@ -5,10 +5,12 @@
 # against itself (A/A: what a ratio of 1 looks like in this bed).
 # Under Soft-RoCE in a TCG guest the absolute numbers measure the emulator; the ratios
 # between the two modules (same server, same client, same run) are what to read.
+# BENCH_C_MODULE=PATH puts another module in the C module's place (an older build of ours,
+# to compare two builds directly); OUR_MODULE=PATH another in ours'.
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
 OUT=${1:-$PWD}
 B=$PROJECT_ROOT/target/release/valkey-rdma-bench
-C_MODULE=$VALKEY_912/src/valkey-rdma.so
+C_MODULE=${BENCH_C_MODULE:-$VALKEY_912/src/valkey-rdma.so}
 ROUNDS=${BENCH_ROUNDS:-5}
 # Every row warms each connection up with one pipeline before the clock starts: the C
 # module registers its buffers when a client connects, ours when the client first uses
