@@ -961,6 +961,31 @@ case_only_device_removed() {  # the host's only device removed: all the module m
 }
 run_case "ours the only device removed: its connection closed and all the module made there freed (librdmacm keeps its context)" then_rxe0_restored case_only_device_removed
 
+case_device_removed_wildcard() {  # rdma-bind * (every address): a device removed and added back is served again, nothing to re-listen
+    local netdev c1
+    netdev=$(rxe_netdev)
+    second_device_up || { fail "no second device rxe9"; return 1; }
+    start_server devrmany "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind '*' --rdma-port @PORT@ || return 1
+    "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/devrmany-c1.out" 2>&1 &
+    c1=$!
+    wait_until 30 info_is connected_clients 1 || { fail "the RDMA client did not connect"; return 1; }
+    (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmany-delete.out" 2>&1 &
+    local del=$!
+    wait_until 20 log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" \
+        || { fail "no log line for the removal"; return 1; }
+    wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
+        || { fail "the removed device's resources are not released"; return 1; }
+    kill -9 "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
+    wait "$del"
+    expect_eq "rdma link delete, once the client is gone" "$(cat "$WORK/devrmany-delete.out")" "rc=0" || return 1
+    expect_eq "the wildcard listener is not down" "$(rdma_info listeners_down)" 0 || return 1
+    rdma link add rxe0 type rxe netdev "$netdev" && wait_until 10 rxe_active || { fail "rxe0 did not come back"; return 1; }
+    expect_eq "PING over RDMA on rxe0 after it came back" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING 2>&1)" PONG || return 1
+    expect_eq "rdma_relistens (rdma_cm listens on the new device itself)" "$(rdma_info relistens)" 0 || return 1
+    server_alive
+}
+run_case "ours device removed under a listener on every address: served again once back" then_rxe0_restored case_device_removed_wildcard
+
 case_ipv6() {  # rdma-bind on an IPv6 address of the RDMA netdev: served, addresses shown; link-local refused
     local v6=fd00:77::1 got
     ip addr add "$v6/64" dev "$(rxe_netdev)" nodad || { fail "cannot add $v6"; return 1; }
