@@ -111,6 +111,16 @@ pub fn devices() -> Check {
     }
 }
 
+/// What to do about a port that is not ACTIVE.
+const PORT_DOWN_FIX: &str =
+    "the port is not ACTIVE: bring its netdev up (ip link set IFACE up) and check the cable or switch";
+
+/// The state ("4: ACTIVE") and link layer ("Ethernet") of the port at sysfs path `p`.
+fn port_state(p: &str) -> (String, String) {
+    let read = |f: &str| sysfs(format!("{p}/{f}")).unwrap_or_else(|| "unknown".into());
+    (read("state"), read("link_layer"))
+}
+
 /// Each port of each device: its state, link layer, netdevs and GIDs (sysfs).
 pub fn ports() -> Vec<Check> {
     let mut out = Vec::new();
@@ -119,8 +129,7 @@ pub fn ports() -> Vec<Check> {
         for port in dir_names(&base) {
             let p = format!("{base}/{port}");
             let name = format!("port {dev}/{port}");
-            let state = sysfs(format!("{p}/state")).unwrap_or_else(|| "unknown".into());
-            let link = sysfs(format!("{p}/link_layer")).unwrap_or_else(|| "unknown".into());
+            let (state, link) = port_state(&p);
             let gids: Vec<String> = dir_names(format!("{p}/gids"))
                 .into_iter()
                 .filter_map(|i| sysfs(format!("{p}/gids/{i}")))
@@ -139,12 +148,7 @@ pub fn ports() -> Vec<Check> {
                 gids.len()
             );
             if !state.contains("ACTIVE") {
-                out.push(Check::bad(
-                    Status::Warn,
-                    name,
-                    detail,
-                    "the port is not ACTIVE: bring its netdev up (ip link set IFACE up) and check the cable or switch",
-                ));
+                out.push(Check::bad(Status::Warn, name, detail, PORT_DOWN_FIX));
             } else if gids.is_empty() {
                 out.push(Check::bad(
                     Status::Warn,
@@ -271,8 +275,7 @@ pub fn bind(ip: IpAddr) -> Check {
     }
     let (dev, port) = (verbs::device_name(&id), id.port_num());
     let p = format!("/sys/class/infiniband/{dev}/ports/{port}");
-    let state = sysfs(format!("{p}/state")).unwrap_or_else(|| "unknown".into());
-    let link = sysfs(format!("{p}/link_layer")).unwrap_or_else(|| "unknown".into());
+    let (state, link) = port_state(&p);
     let want = gid_of(ip);
     let types: Vec<String> = dir_names(format!("{p}/gids"))
         .into_iter()
@@ -281,12 +284,7 @@ pub fn bind(ip: IpAddr) -> Check {
         .collect();
     let carrier = format!("on {dev} port {port} ({state}, {link})");
     if !state.contains("ACTIVE") {
-        return Check::bad(
-            Status::Warn,
-            name,
-            carrier,
-            "the port is not ACTIVE: bring its netdev up (ip link set IFACE up) and check the cable or switch",
-        );
+        return Check::bad(Status::Warn, name, carrier, PORT_DOWN_FIX);
     }
     match route_kind(&link, &types) {
         Route::Routable => Check::ok(name, format!("{carrier}, GID {want} RoCE v2: routable")),

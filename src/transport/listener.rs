@@ -202,16 +202,15 @@ pub(crate) fn listen_again() {
 /// brings it back.
 fn listener_lost(ep: &ListenEndpoint, removal: bool) {
     let Some(id) = lock(&ep.id).take() else { return };
-    let device = (verbs::DeviceKey::of(&id), verbs::device_name(&id));
+    let (device, name) = (verbs::DeviceKey::of(&id), verbs::device_name(&id));
     drop(id);
     if removal {
         log::warn!(
-            "RDMA: listener on {}: its device {} was removed; listening again once the address is back",
-            ep.addr,
-            device.1
+            "RDMA: listener on {}: its device {name} was removed; listening again once the address is back",
+            ep.addr
         );
-        if let Some(key) = device.0 {
-            super::removal::device_removed(key, &device.1);
+        if let Some(device) = device {
+            super::removal::device_removed(device, &name);
         }
     } else {
         log::warn!("RDMA: listener on {}: the address changed; listening again", ep.addr);
