@@ -470,6 +470,12 @@ impl Conn {
         }
     }
 
+    /// Whether control messages are queued ([`poll_control`](Self::poll_control) may
+    /// still hold them back, from a connection that is not live).
+    pub fn has_control(&self) -> bool {
+        !self.control.is_empty()
+    }
+
     /// Queues a message of the client's own (GetServerFeature, SetClientFeature).
     pub fn send_control(&mut self, msg: ControlMessage) {
         if self.is_live() {

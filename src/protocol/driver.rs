@@ -60,6 +60,11 @@ pub trait Nic {
     /// The most bytes one write starting at `tx_offset` of the peer's window may carry
     /// now (work requests the send queue has room for).
     fn write_limit(&self, tx_offset: u32) -> usize;
+    /// Bytes that [`write_limit`](Self::write_limit) never cuts, wherever the write
+    /// starts: a write of at most this many need not ask it (0: always ask).
+    fn write_never_cut(&self) -> usize {
+        0
+    }
     /// Copies the first `grant.len` bytes of `parts` into the TX buffer at
     /// `grant.offset` and posts them as one write for the peer (docs/protocol.md §4.1).
     fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError>;
@@ -113,7 +118,18 @@ impl<N: Nic> Driver<N> {
     }
 
     /// Posts the control messages the core queued. A failed post fails the connection.
+    #[inline]
     pub fn flush_control(&mut self) -> Result<(), Failure> {
+        // (asked after every input, and nearly always with nothing queued: that answer
+        // is one load, inlined into the caller)
+        if !self.core.has_control() {
+            return Ok(());
+        }
+        self.post_queued_control()
+    }
+
+    #[inline(never)]
+    fn post_queued_control(&mut self) -> Result<(), Failure> {
         if !self.nic.is_up() {
             return Ok(());
         }
@@ -209,8 +225,12 @@ impl<N: Nic> Driver<N> {
     /// one write for the peer (docs/protocol.md §4.1). The second value: a failure the
     /// post caused (the write then fails too).
     pub fn write(&mut self, parts: &[&[u8]]) -> (Result<WriteGrant, WriteError>, Option<Failure>) {
-        let limit = self.nic.write_limit(self.core.tx_offset());
-        let total = parts.iter().map(|p| p.len()).sum::<usize>().min(limit);
+        let total = parts.iter().map(|p| p.len()).sum::<usize>();
+        let total = if total <= self.nic.write_never_cut() {
+            total
+        } else {
+            total.min(self.nic.write_limit(self.core.tx_offset()))
+        };
         let grant = match self.core.write(total, self.nic.sq_room()) {
             Ok(g) => g,
             Err(e) => return (Err(e), None),

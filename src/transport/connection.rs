@@ -109,13 +109,38 @@ impl Nic for ServerNic {
     fn write_limit(&self, tx_offset: u32) -> usize {
         self.ep.as_ref().map_or(0, |ep| Nic::write_limit(ep, tx_offset))
     }
+    fn write_never_cut(&self) -> usize {
+        self.ep.as_ref().map_or(0, Nic::write_never_cut)
+    }
     fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Nic::post_write(self.ep.as_mut().ok_or(TORN_DOWN)?, grant, parts)?;
         stats::add(&MODULE.stats.bytes_out, grant.len.into());
         stats::add(&MODULE.stats.writes_out, 1);
         Ok(())
     }
+    #[inline]
     fn rx_prepared(&mut self) -> Option<Option<RxBuffer>> {
+        // (asked at every read; a preparation is rare)
+        self.rx_preparing.as_ref()?;
+        self.take_prepared_rx()
+    }
+    fn prepare_rx(&mut self, len: u32) -> bool {
+        let Some(job) = self.ep.as_ref().and_then(|ep| ep.rx_preparation(len)) else { return false };
+        self.rx_preparing = Some(Slot::spawn(&MODULE.workers.prepare, move || job.run()));
+        true
+    }
+    fn install_prepared_rx(&mut self) {
+        if let (Some(ep), Some(new)) = (self.ep.as_mut(), self.rx_prepared.take()) {
+            ep.install_rx(new);
+            stats::add(&MODULE.stats.rx_grown, 1);
+        }
+    }
+}
+
+impl ServerNic {
+    /// [`Nic::rx_prepared`] once a preparation was started.
+    #[inline(never)]
+    fn take_prepared_rx(&mut self) -> Option<Option<RxBuffer>> {
         let done = self.rx_preparing.as_ref()?.take()?;
         self.rx_preparing = None;
         Some(match done {
@@ -130,17 +155,6 @@ impl Nic for ServerNic {
                 None
             }
         })
-    }
-    fn prepare_rx(&mut self, len: u32) -> bool {
-        let Some(job) = self.ep.as_ref().and_then(|ep| ep.rx_preparation(len)) else { return false };
-        self.rx_preparing = Some(Slot::spawn(&MODULE.workers.prepare, move || job.run()));
-        true
-    }
-    fn install_prepared_rx(&mut self) {
-        if let (Some(ep), Some(new)) = (self.ep.as_mut(), self.rx_prepared.take()) {
-            ep.install_rx(new);
-            stats::add(&MODULE.stats.rx_grown, 1);
-        }
     }
 }
 
@@ -204,9 +218,16 @@ impl RdmaConnection {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock_for_data();
         g.d.core.postpone(Postpone::from_mask(self.postponed.load(Ordering::Acquire)));
         g
+    }
+
+    /// The lock for the data path (`read`, `write`, completions), whose core calls
+    /// consult no postpone mask: the mask is handed over by [`lock`](Self::lock),
+    /// before each decision about handlers or the pending list.
+    fn lock_for_data(&self) -> MutexGuard<'_, Inner> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn peer_name(&self) -> String {
@@ -227,6 +248,7 @@ impl RdmaConnection {
 
 /// Publishes the core's state to the server's `conn->state` (and `last_errno`), and
 /// logs a failure the input just caused (once per connection, rate-limited).
+#[inline]
 fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
     let core = &inner.d.core;
     let state = match core.server_state() {
@@ -237,32 +259,39 @@ fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
     };
     c.publish(state, core.failure().map_or(0, Failure::errno));
     if let Some(f) = failed {
-        match &f {
-            Failure::Protocol(v) => stats::violation(v),
-            Failure::WorkRequest { .. } => stats::add(&MODULE.stats.work_request_errors, 1),
-            Failure::Local { .. } => stats::add(&MODULE.stats.local_errors, 1),
-            Failure::PeerSilent { .. } => stats::add(&MODULE.stats.peers_silent, 1),
-            Failure::HandshakeTimeout { .. } => stats::add(&MODULE.stats.handshake_timeouts, 1),
-        }
-        // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
-        // buffer made after the connection was accepted): say what to do.
-        let hint = match &f {
-            Failure::Local { call, errno: libc::ENOMEM } if *call == VerbsOp::RegMr.name() => {
-                " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)".to_string()
-            }
-            Failure::Local { call, .. } if *call == VerbsOp::PinnedCeiling.name() => {
-                format!(" ({})", super::pinned_ceiling_hint())
-            }
-            _ => String::new(),
-        };
-        log_limited(format_args!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
+        report_failure(c, f);
     }
+}
+
+/// The failure's counter and its log line.
+#[cold]
+#[inline(never)]
+fn report_failure(c: &HostedConn, f: Failure) {
+    match &f {
+        Failure::Protocol(v) => stats::violation(v),
+        Failure::WorkRequest { .. } => stats::add(&MODULE.stats.work_request_errors, 1),
+        Failure::Local { .. } => stats::add(&MODULE.stats.local_errors, 1),
+        Failure::PeerSilent { .. } => stats::add(&MODULE.stats.peers_silent, 1),
+        Failure::HandshakeTimeout { .. } => stats::add(&MODULE.stats.handshake_timeouts, 1),
+    }
+    // ENOMEM from ibv_reg_mr is the locked-memory limit (a TX buffer or a grown RX
+    // buffer made after the connection was accepted): say what to do.
+    let hint = match &f {
+        Failure::Local { call, errno: libc::ENOMEM } if *call == VerbsOp::RegMr.name() => {
+            " (the locked-memory limit is too low: raise `ulimit -l`, or LimitMEMLOCK= for systemd)".to_string()
+        }
+        Failure::Local { call, .. } if *call == VerbsOp::PinnedCeiling.name() => {
+            format!(" ({})", super::pinned_ceiling_hint())
+        }
+        _ => String::new(),
+    };
+    log_limited(format_args!("RDMA client {}: {f}; closing the connection{hint}", c.inner.peer_name()));
 }
 
 /// `read`: copies unread bytes out of the RX buffer; `None` is "nothing now", EOF or
 /// an error, which the state published tells apart (docs/server-abi.md §4.2).
 pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
-    let mut g = c.inner.lock();
+    let mut g = c.inner.lock_for_data();
     let inner = &mut *g;
     if !inner.d.nic.is_up() {
         return None;
@@ -280,7 +309,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
 /// over.
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
-    let mut g = c.inner.lock();
+    let mut g = c.inner.lock_for_data();
     let inner = &mut *g;
     // As many TX chunks as the free send-queue entries take (two per work request); the
     // server writes the rest in its next call, as after a short write on a socket.
@@ -352,7 +381,7 @@ fn with_completions(
     c: &HostedConn,
     take: impl FnOnce(&mut Endpoint, &mut Vec<Completion>, &mut Conn) -> Option<Failure>,
 ) {
-    let mut g = c.inner.lock();
+    let mut g = c.inner.lock_for_data();
     let inner = &mut *g;
     let Some(ep) = inner.d.nic.ep.as_mut() else { return };
     inner.completions.clear();

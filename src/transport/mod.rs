@@ -170,9 +170,18 @@ pub(crate) mod live {
 /// handler installed while the TX window is open, completions left by the budget).
 pub(crate) mod pending {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// How many are queued, as of the last change: `has_pending_data` asks at every
+    /// turn of the event loop, without the lock.
+    static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
     fn with<T>(f: impl FnOnce(&mut KeyedQueue<Arc<HostedConn>>) -> T) -> T {
-        f(lock(&MODULE.pending).get_or_insert_with(KeyedQueue::default))
+        let mut p = lock(&MODULE.pending);
+        let q = p.get_or_insert_with(KeyedQueue::default);
+        let r = f(q);
+        QUEUED.store(q.len(), Ordering::Relaxed);
+        r
     }
 
     pub(crate) fn push(c: &Arc<HostedConn>) {
@@ -185,7 +194,7 @@ pub(crate) mod pending {
         with(KeyedQueue::pop)
     }
     pub(crate) fn len() -> usize {
-        with(|p| p.len())
+        QUEUED.load(Ordering::Relaxed)
     }
 }
 

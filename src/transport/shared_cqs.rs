@@ -17,6 +17,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::knobs::{self, Knob};
@@ -208,14 +209,31 @@ pub(crate) fn drain(cq: usize, d: &mut impl Delivery) {
     }
 }
 
+/// CQs whose `left` is set: asked at every turn of the event loop, without the lock.
+static LEFT: AtomicUsize = AtomicUsize::new(0);
+
+fn set_left(s: &mut Shared, cq: usize, left: bool) {
+    let was = std::mem::replace(&mut s.left[cq], left);
+    if was != left {
+        if left {
+            LEFT.fetch_add(1, Ordering::Relaxed);
+        } else {
+            LEFT.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Whether a CQ has completions the budget left.
 pub(crate) fn any_left() -> bool {
-    lock(&MODULE.shared_cqs).left.iter().any(|&l| l)
+    LEFT.load(Ordering::Relaxed) > 0
 }
 
 /// Polls again each CQ whose last poll the budget stopped; returns how many.
 pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
     // (called at every turn of the event loop that has pending work: no list is built)
+    if !any_left() {
+        return 0;
+    }
     let cqs = lock(&MODULE.shared_cqs).left.len();
     let mut polled = 0;
     for i in 0..cqs {
@@ -242,7 +260,7 @@ pub(crate) fn forget_device(device: DeviceKey) -> usize {
         if s.cqs[i].as_ref().is_some_and(|q| q.device() == device) {
             s.cqs[i] = None;
             s.owners[i].clear();
-            s.left[i] = false;
+            set_left(&mut s, i, false);
             forgotten += 1;
         }
     }
@@ -288,7 +306,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     stats::add(&MODULE.stats.budget_hits, left.into());
     {
         let mut shared = lock(&MODULE.shared_cqs);
-        shared.left[cq] = left;
+        set_left(&mut shared, cq, left);
         s.routes.route(&shared.owners[cq], &s.polled, Weak::upgrade);
     }
     s.deliver(then, d);
@@ -408,14 +426,25 @@ impl<T> Routes<T> {
     /// first appears and in arrival order within each; those of QPs with no owner (a
     /// closed connection) are dropped. No sorting and, for a few connections, no
     /// hashing: each completion's group is found (the last one's, a scan of a few, or
-    /// the table), the groups are counted, and the completions placed by the counts.
+    /// the table), the groups are counted, and the completions placed by the counts
+    /// (left as they are when they came group after group already).
     /// `resolve` turns an owner into a connection (`None`: gone).
     fn route<O>(&mut self, owners: &OwnerMap<O>, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> Option<T>) {
         self.clear();
         let mut last = (NO_GROUP, NO_GROUP); // (qp, its group) of the completion before
+                                             // Whether the completions already come group after group (each connection's in
+                                             // one run, none dropped): the usual case, one completion per connection.
+        let mut in_order = true;
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
-            let g = if qp == last.0 { last.1 } else { self.group_of(owners, qp, &resolve) };
+            let g = if qp == last.0 {
+                last.1
+            } else {
+                let g = self.group_of(owners, qp, &resolve);
+                // a new run must be a new group, the one made last
+                in_order &= g != NO_GROUP && g as usize + 1 == self.groups.len();
+                g
+            };
             last = (qp, g);
             self.group_of_wc.push(g);
             let Some(group) = self.groups.get_mut(g as usize) else { continue };
@@ -424,7 +453,18 @@ impl<T> Routes<T> {
                 group.first_receive.get_or_insert(i);
             }
         }
-        // counts → where each group starts, then each completion to its place
+        if in_order {
+            // counts → where each group ends; the completions stay as they came
+            let mut at = 0;
+            for group in &mut self.groups {
+                at += group.end;
+                group.end = at;
+            }
+            self.by_group.extend_from_slice(wcs);
+            return;
+        }
+        // counts → where each group starts, then each completion to its place (each
+        // group's `end` moves from its start to its end as they are placed)
         let mut at = 0;
         for group in &mut self.groups {
             (group.end, at) = (at, at + group.end);
@@ -487,11 +527,26 @@ impl<T> Routes<T> {
             return;
         }
         let groups = &self.groups;
-        self.receivers.clear();
-        self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
-        self.receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         order.clear();
-        order.extend(self.receivers.iter().map(|&(_, g)| g));
+        // Groups are made in the order their connections first appear, so their first
+        // receives usually come in group order too: then the receivers are the groups
+        // backwards, with no sort.
+        let mut before = usize::MAX;
+        let mut sorted = true;
+        for (g, group) in groups.iter().enumerate().rev() {
+            if let Some(first) = group.first_receive {
+                sorted &= first < before;
+                before = first;
+                order.push(g);
+            }
+        }
+        if !sorted {
+            self.receivers.clear();
+            self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
+            self.receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+            order.clear();
+            order.extend(self.receivers.iter().map(|&(_, g)| g));
+        }
         order.extend(groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g));
     }
 }
@@ -668,6 +723,54 @@ mod tests {
         routes.route(&owners, &[], |k| Some(*k));
         routes.handler_order(&mut order);
         assert_eq!(order, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn handler_order_matches_a_plain_sort_for_any_mix_of_sends_and_receives() {
+        // Every sequence of up to 6 completions, each a send or a receive of one of 3
+        // owned QPs or a closed one: the receivers by their first receive, latest first,
+        // then the others in the order they first appeared.
+        let owners = owners(&[(1, 0x1000), (2, 0x2000), (3, 0x3000)]);
+        let mut routes = Routes::default();
+        let mut order = Vec::new();
+        for len in 0..=6u32 {
+            for code in 0..8u32.pow(len) {
+                let wcs: Vec<WorkCompletion> = (0..len)
+                    .map(|i| {
+                        let x = code / 8u32.pow(i) % 8;
+                        let qp = x / 2 + 1;
+                        if x % 2 == 0 {
+                            WorkCompletion::received(qp, i.into())
+                        } else {
+                            WorkCompletion::sent(qp, i.into())
+                        }
+                    })
+                    .collect();
+                routes.route(&owners, &wcs, |k| Some(*k));
+                routes.handler_order(&mut order);
+                let got: Vec<usize> = order.iter().map(|&g| routes.groups[g].owner.unwrap()).collect();
+                let mut firsts: Vec<(usize, usize)> = Vec::new(); // (owner, first receive)
+                let mut others: Vec<usize> = Vec::new();
+                for (i, wc) in wcs.iter().enumerate() {
+                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
+                    if wc.is_receive() && !firsts.iter().any(|&(k, _)| k == key) {
+                        firsts.push((key, i));
+                    }
+                    if !others.contains(&key) {
+                        others.push(key);
+                    }
+                }
+                firsts.sort_by_key(|&(_, i)| std::cmp::Reverse(i));
+                let mut want: Vec<usize> = firsts.iter().map(|&(k, _)| k).collect();
+                want.extend(others.into_iter().filter(|k| !firsts.iter().any(|&(f, _)| f == *k)));
+                assert_eq!(
+                    got,
+                    want,
+                    "completions {:?}",
+                    wcs.iter().map(|w| (w.qp_num(), w.is_receive())).collect::<Vec<_>>()
+                );
+            }
+        }
     }
 
     #[test]

@@ -30,6 +30,9 @@ impl Nic for Endpoint {
     fn write_limit(&self, tx_offset: u32) -> usize {
         self.tx_write_limit(tx_offset) as usize
     }
+    fn write_never_cut(&self) -> usize {
+        self.tx_write_never_cut() as usize
+    }
     fn post_write(&mut self, g: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Endpoint::post_write(self, g.offset, parts, g.len, g.remote_addr, g.rkey).map_err(LocalError::from)
     }

@@ -85,6 +85,18 @@ mod tests {
     /// order, each inside one chunk, at most two per request, and every request but the
     /// last is full (two pieces), so the chain is as short as it can be.
     #[test]
+    fn a_write_of_one_chunk_is_never_cut_wherever_it_starts() {
+        // what Endpoint::tx_write_never_cut promises the driver
+        for chunk in [1u32, 7, 4096, 65536] {
+            for offset in (0..3 * chunk).step_by((chunk as usize / 5).max(1)).chain([chunk - 1, u32::MAX - 1]) {
+                for wrs in 0..4 {
+                    assert!(write_limit(offset, chunk, wrs) >= chunk, "chunk {chunk} offset {offset} wrs {wrs}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_plan_covers_the_write_exactly_with_the_fewest_requests() {
         for chunk in [1u32, 3, 4, 7, 16] {
             for offset in 0..64u32 {

@@ -29,7 +29,8 @@ WORKLOADS=(
 measure_impl() {  # IMPL MODULE: one server under callgrind, every workload against it
     local impl=$1 module=$2 port=$NEXT_PORT dir="$OUT/callgrind/$1" w name args
     NEXT_PORT=$((NEXT_PORT + 1)); mkdir -p "$dir"
-    valgrind --tool=callgrind --vgdb-prefix="$VG_PREFIX" --callgrind-out-file="$dir/cg.out" \
+    # shellcheck disable=SC2086
+    valgrind --tool=callgrind ${INSTR_VG_ARGS:-} --vgdb-prefix="$VG_PREFIX" --callgrind-out-file="$dir/cg.out" \
         "$VALKEY_912/src/valkey-server" --port "$port" --bind "$RDMA_ADDR" 127.0.0.1 --protected-mode no \
         --save "" --appendonly no --dir "$dir" --logfile "$dir/server.log" \
         --loadmodule "$module" --rdma-bind "$RDMA_ADDR" --rdma-port "$port" < /dev/null 2> "$dir/valgrind.log" &
@@ -64,6 +65,7 @@ measure_impl() {  # IMPL MODULE: one server under callgrind, every workload agai
 }
 
 # INSTR_KEEP=1: keep each window's dump (callgrind_annotate reads it); INSTR_IMPLS: "c ours";
+# INSTR_VG_ARGS: more callgrind options (--dump-instr=yes: costs per instruction);
 # INSTR_ONLY=NAME,NAME: only those workloads
 rm -f "$OUT/instructions.jsonl"
 for impl in ${INSTR_IMPLS:-c ours}; do

@@ -160,15 +160,10 @@ impl Conn {
             self.run = None;
             return Step::Done { pending: false };
         }
-        // What the stages ask, read once: nothing changes it until a handler runs. (The
-        // run is worked on in place: moving it out and back cost more than the rest.)
+        // What the stages ask is read only when a stage asks it (nothing changes it until
+        // a handler runs). The run is worked on in place: moving it out and back cost more
+        // than the rest.
         let terminal = self.terminal_due();
-        let read_runnable = self.read_runnable();
-        let unread = self.session.rx.has_unread();
-        let write_due = self.write_due(sq_room);
-        let write_once = self.write_handler && !self.postponed.write;
-        let (live, peer_closed) = (self.is_live(), matches!(self.state, State::PeerClosed));
-        let (bytes_read, bytes_written) = (self.bytes_read, self.bytes_written);
         let run = self.run.as_mut().expect("checked above");
         if run.plan != Plan::Final && terminal {
             // The connection ended during the run (a failed post, an IO thread's write,
@@ -181,20 +176,28 @@ impl Conn {
         // Whether the state still belongs to the run's plan (the read loop stops when it
         // changes, e.g. a failed post while reading); not Closed (checked above).
         let same_plan = match run.plan {
-            Plan::Live => live,
-            Plan::Drain => peer_closed,
+            Plan::Live => self.is_live(),
+            Plan::Drain => matches!(self.state, State::PeerClosed),
             Plan::Final => true,
         };
-        while let Some(stage) = run.stages.get(run.at).copied().flatten() {
+        loop {
+            let run = self.run.as_ref().expect("checked above");
+            let Some(stage) = run.stages.get(run.at).copied().flatten() else { break };
             let call = match stage {
                 Stage::ReadLoop => {
                     let more = run.read_calls == 0 || run.last_read_progressed;
-                    (more && read_runnable && unread && same_plan).then_some(Handler::Read)
+                    (more && same_plan && self.session.rx.has_unread() && self.read_runnable()).then_some(Handler::Read)
                 }
-                Stage::ReadOnce => read_runnable.then_some(Handler::Read),
-                Stage::WriteIfDue => (write_due && same_plan).then_some(Handler::Write),
-                Stage::WriteOnce => write_once.then_some(Handler::Write),
+                Stage::ReadOnce => self.read_runnable().then_some(Handler::Read),
+                Stage::WriteIfDue => (same_plan && self.write_due(sq_room)).then_some(Handler::Write),
+                Stage::WriteOnce => (self.write_handler && !self.postponed.write).then_some(Handler::Write),
             };
+            let before = match call {
+                Some(Handler::Read) => self.bytes_read,
+                Some(Handler::Write) => self.bytes_written,
+                None => 0,
+            };
+            let run = self.run.as_mut().expect("checked above");
             let Some(h) = call else {
                 run.at += 1;
                 continue;
@@ -202,17 +205,14 @@ impl Conn {
             if stage != Stage::ReadLoop {
                 run.at += 1;
             }
-            let before = match h {
-                Handler::Read => {
-                    run.read_calls += 1;
-                    bytes_read
-                }
-                Handler::Write => bytes_written,
-            };
+            if h == Handler::Read {
+                run.read_calls += 1;
+            }
             run.calling = Some((h, before));
             self.depth += 1;
             return Step::Call(h);
         }
+        let run = self.run.as_ref().expect("checked above");
         let (plan, read_progressed, wrote) = (run.plan, run.read_progressed, run.wrote);
         self.run = None;
         Step::Done { pending: self.pending_after(plan, read_progressed, wrote, sq_room) }

@@ -41,6 +41,14 @@ impl Endpoint {
         tx_plan::write_limit(offset, self.tx_chunk, wrs)
     }
 
+    /// What [`tx_write_limit`](Self::tx_write_limit) never cuts: a write gets at least
+    /// one work request of [`tx_plan::SGES_PER_WR`] pieces, so at least the rest of the
+    /// chunk it starts in and the whole next one, more than one chunk.
+    pub fn tx_write_never_cut(&self) -> u32 {
+        const _: () = assert!(tx_plan::SGES_PER_WR >= 2);
+        self.tx_chunk
+    }
+
     /// Send-queue entries a data write may use now.
     pub(super) fn data_wr_room(&self) -> u64 {
         self.sq_room().saturating_sub(self.depths.reserved_for_control())
@@ -186,19 +194,28 @@ impl Endpoint {
         if self.data_wr_room() == 0 {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::ENOBUFS));
         }
-        let mut bytes = [0u8; INLINE_WRITE_MAX as usize];
-        let mut at = 0;
-        for p in parts {
-            let k = p.len().min(total - at);
-            bytes[at..at + k].copy_from_slice(&p[..k]);
-            at += k;
-            if at == total {
-                break;
+        // One part (the usual reply) is posted from where it is; several are gathered
+        // on the stack first. Either way the device copies the bytes as it is posted.
+        let mut gathered: [u8; INLINE_WRITE_MAX as usize];
+        let from = match parts {
+            [one, ..] if one.len() >= total => one.as_ptr(),
+            _ => {
+                gathered = [0; INLINE_WRITE_MAX as usize];
+                let mut at = 0;
+                for p in parts {
+                    let k = p.len().min(total - at);
+                    gathered[at..at + k].copy_from_slice(&p[..k]);
+                    at += k;
+                    if at == total {
+                        break;
+                    }
+                }
+                gathered.as_ptr()
             }
-        }
+        };
         self.writes_since_idle_check += 1;
         // (an inline request's scatter entry needs no key: the device reads it at post)
-        let mut sge = ibv_sge { addr: bytes.as_ptr() as u64, length: len, lkey: 0 };
+        let mut sge = ibv_sge { addr: from as u64, length: len, lkey: 0 };
         // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.sg_list = &mut sge;
@@ -223,6 +240,21 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let chunk = self.tx.current().map_or(u32::MAX, |r| r.chunk.min(u32::MAX as usize) as u32);
+        if len > 0
+            && u64::from(offset) / u64::from(chunk) == (u64::from(offset) + u64::from(len) - 1) / u64::from(chunk)
+        {
+            // The usual write lies in one chunk: the plan's one request of one piece,
+            // built without the plan.
+            let mut sge = self.tx_sge(offset, len)?;
+            // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(offset), rkey };
+            wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
+        }
         let plan = tx_plan::plan(offset, len, chunk).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
         let n = plan.len();
         if n as u64 > self.data_wr_room().max(1) {
