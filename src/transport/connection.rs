@@ -45,8 +45,8 @@ pub(crate) struct RdmaConnection {
     pub(crate) device: Option<DeviceKey>,
     /// The postpone mask the server set last (`postpone_update_state`, twice per
     /// request, from whichever thread has the client): stored here without the lock,
-    /// and handed to the core each time the lock is taken, before the core decides
-    /// anything.
+    /// and handed to the core by [`RdmaConnection::lock`], before the core decides
+    /// anything about handlers or the pending list.
     postponed: AtomicI32,
     state: Mutex<Inner>,
 }
