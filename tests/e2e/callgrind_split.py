@@ -57,7 +57,7 @@ def split(path):
                     continue
                 parts = line.split()
                 if len(parts) > 1:
-                    ir = int(parts[1])
+                    ir = int(parts[-1])  # (the last column: also with --dump-instr=yes)
                     by_group[group_of(ob)] += ir
                     if group_of(ob) == "module":
                         module_fns[fn] += ir

@@ -65,7 +65,8 @@ measure_impl() {  # IMPL MODULE: one server under callgrind, every workload agai
 }
 
 # INSTR_KEEP=1: keep each window's dump (callgrind_annotate reads it); INSTR_IMPLS: "c ours";
-# INSTR_VG_ARGS: more callgrind options (--dump-instr=yes: costs per instruction);
+# INSTR_VG_ARGS: more callgrind options (--dump-instr=yes: costs per instruction, which
+# callgrind_lines.py maps to the module's source lines);
 # INSTR_ONLY=NAME,NAME: only those workloads
 rm -f "$OUT/instructions.jsonl"
 for impl in ${INSTR_IMPLS:-c ours}; do
