@@ -16,6 +16,15 @@ device_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -cE 'infiniband/uverbs|i
 rxe_netdev() { rdma link show rxe0/1 2>/dev/null | sed -n 's/.* netdev \([^ ]*\).*/\1/p'; }
 rxe_active() { rdma link show rxe0/1 2>/dev/null | grep -q "state ACTIVE"; }
 log_has() { grep -qF "$1" "$SERVER_LOG"; }
+# blocked_in_kernel: each task in uninterruptible sleep with its kernel stack, so that a
+# device removal the kernel never announced says where it waits.
+blocked_in_kernel() {
+    local p
+    for p in $(ps -eo pid=,stat= | awk '$2 ~ /^D/ {print $1}'); do
+        echo "# blocked in the kernel: $p $(cat "/proc/$p/cmdline" 2>/dev/null | tr '\0' ' ')"
+        sed 's/^/#   /' "/proc/$p/stack" 2>/dev/null
+    done
+}
 info_is() { [ "$(rdma_info "$1")" = "$2" ]; }
 RDMA_CLI=${RDMA_CLI:-$PROJECT_ROOT/target/release/valkey-rdma-cli}
 TEST_PEER=${TEST_PEER:-$PROJECT_ROOT/target/release/valkey-rdma-test-peer}
@@ -883,7 +892,7 @@ case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0
     del=$!
     t0=$SECONDS
     wait_until 20 log_has "RDMA: device rxe0 removed: closing the 2 connection(s) on it" \
-        || { fail "no log line for the removal with the count of its connections"; return 1; }
+        || { blocked_in_kernel; fail "no log line for the removal with the count of its connections"; return 1; }
     wait_until 20 info_is connected_clients 1 || { fail "connected_clients $(rdma_info connected_clients), want 1: the one on rxe9"; return 1; }
     wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
         || { fail "the removed device's resources are not released"; return 1; }
@@ -945,7 +954,7 @@ case_only_device_removed() {  # the host's only device removed: all the module m
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/onlydev-delete.out" 2>&1 &
     del=$!
     wait_until 20 log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" \
-        || { fail "no log line for the removal"; return 1; }
+        || { blocked_in_kernel; fail "no log line for the removal"; return 1; }
     wait_until 20 log_has "RDMA: device rxe0: its last connection is closed; releasing its 1 shared completion queue(s)" \
         || { fail "the connection on the removed device was not closed"; return 1; }
     wait_until 20 eval '[ "$(event_files "$SERVER_PID")" -le 1 ]' \
@@ -972,7 +981,7 @@ case_device_removed_wildcard() {  # rdma-bind * (every address): a device remove
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmany-delete.out" 2>&1 &
     local del=$!
     wait_until 20 log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" \
-        || { fail "no log line for the removal"; return 1; }
+        || { blocked_in_kernel; fail "no log line for the removal"; return 1; }
     wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
         || { fail "the removed device's resources are not released"; return 1; }
     kill -9 "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
