@@ -431,9 +431,10 @@ impl<T> Routes<T> {
     /// `resolve` turns an owner into a connection (`None`: gone).
     fn route<O>(&mut self, owners: &OwnerMap<O>, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> Option<T>) {
         self.clear();
-        let mut last = (NO_GROUP, NO_GROUP); // (qp, its group) of the completion before
-                                             // Whether the completions already come group after group (each connection's in
-                                             // one run, none dropped): the usual case, one completion per connection.
+        // (qp, its group) of the completion before
+        let mut last = (NO_GROUP, NO_GROUP);
+        // Whether the completions already come group after group (each connection's in
+        // one run, none dropped): the usual case, one completion per connection.
         let mut in_order = true;
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();

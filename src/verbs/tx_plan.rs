@@ -81,9 +81,6 @@ pub fn plan(offset: u32, len: u32, chunk: u32) -> Option<impl ExactSizeIterator<
 mod tests {
     use super::*;
 
-    /// Every (offset, len) over a small buffer: the pieces cover the bytes exactly, in
-    /// order, each inside one chunk, at most two per request, and every request but the
-    /// last is full (two pieces), so the chain is as short as it can be.
     #[test]
     fn a_write_of_one_chunk_is_never_cut_wherever_it_starts() {
         // what Endpoint::tx_write_never_cut promises the driver
@@ -96,6 +93,9 @@ mod tests {
         }
     }
 
+    /// Every (offset, len) over a small buffer: the pieces cover the bytes exactly, in
+    /// order, each inside one chunk, at most two per request, and every request but the
+    /// last is full (two pieces), so the chain is as short as it can be.
     #[test]
     fn a_plan_covers_the_write_exactly_with_the_fewest_requests() {
         for chunk in [1u32, 3, 4, 7, 16] {

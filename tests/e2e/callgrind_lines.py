@@ -15,54 +15,32 @@ import subprocess
 import sys
 from collections import defaultdict
 
+from callgrind_split import walk
+
 
 def costs(path, want=""):
     """(requests, {address: Ir}) of the module's instructions in functions matching `want`."""
-    names = {"ob": {}, "fn": {}}
-
-    def name(kind, value):  # "(12) name" defines id 12, "(12)" refers to it
-        m = re.match(r"\((\d+)\)(?:\s+(.*))?$", value)
-        if not m:
-            return value
-        table = names[kind]
-        if m.group(2) is not None:
-            table[m.group(1)] = m.group(2)
-        return table.get(m.group(1), "?")
-
-    ob = fn = cfn = ""
-    skip = False
-    last = 0
     requests = 0
     by_addr = defaultdict(int)
+
+    def count_requests(callee, count):
+        nonlocal requests
+        if callee == "processCommand":
+            requests += count
+
+    for ob, fn, addr, ir in walk(path, count_requests):
+        if "librdma" in ob and want in fn:
+            by_addr[addr] += ir
+    return requests, by_addr
+
+
+def per_instruction(path):
+    """Whether the dump has a cost per instruction (kept with --dump-instr=yes)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            if line[0].isdigit() or line[0] in "+-*":
-                parts = line.split()
-                p = parts[0]  # the address, absolute or relative to the last
-                pos = last if p == "*" else last + int(p, 0) if p[0] in "+-" else int(p, 0)
-                last = pos
-                if skip:  # the inclusive cost of a call: counted in the callee
-                    skip = False
-                elif len(parts) > 2 and "librdma" in ob and want in fn:
-                    by_addr[pos] += int(parts[-1])
-                continue
-            key, _, value = line.partition("=")
-            if key == "ob":
-                ob = name("ob", value)
-            elif key == "fn":
-                fn = name("fn", value)
-            elif key == "cob":
-                name("ob", value)
-            elif key == "cfn":
-                cfn = name("fn", value)
-            elif key == "calls":
-                skip = True
-                if cfn == "processCommand":
-                    requests += int(value.split()[0])
-    return requests, by_addr
+            if line.startswith("positions:"):
+                return "instr" in line.split()
+    return False
 
 
 def sources(so, addrs):
@@ -96,6 +74,8 @@ def ours(chain):
 def main():
     path, so = sys.argv[1], sys.argv[2]
     want = sys.argv[3] if len(sys.argv) > 3 else ""
+    if not per_instruction(path):
+        sys.exit("the dump has no cost per instruction: keep it with INSTR_VG_ARGS=--dump-instr=yes")
     requests, by_addr = costs(path, want)
     if not requests or not by_addr:
         sys.exit("no requests or no module instructions in the dump (kept with --dump-instr=yes?)")

@@ -27,20 +27,23 @@ def group_of(obj):
     return "other"
 
 
-def split(path):
+def walk(path, on_call=lambda callee, count: None):
+    """The self costs of a callgrind dump: yields (object, function, position, Ir) for each
+    cost line, in order. The position is the line's first column (the instruction's
+    address with --dump-instr=yes, else its source line), resolved where the dump writes it
+    relative to the one before. A call's inclusive cost is not yielded (it is counted in
+    the callee); `on_call(callee, count)` sees each call record instead."""
     names = {"ob": {}, "fn": {}}
     ob = fn = cfn = ""
     skip_next_cost = False
-    by_group = defaultdict(int)
-    module_fns = defaultdict(int)
-    requests = 0
+    last = 0
 
     def name(kind, value):
         # "(12) name" defines id 12, "(12)" refers to it, a plain name has no id
         m = re.match(r"\((\d+)\)(?:\s+(.*))?$", value)
         if not m:
             return value
-        table = names["ob" if kind in ("ob", "cob") else "fn"]
+        table = names[kind]
         if m.group(2) is not None:
             table[m.group(1)] = m.group(2)
         return table.get(m.group(1), "?")
@@ -52,29 +55,45 @@ def split(path):
                 continue
             c = line[0]
             if c.isdigit() or c in "+-*":
-                if skip_next_cost:  # the inclusive cost of a call: counted in the callee
-                    skip_next_cost = False
-                    continue
                 parts = line.split()
-                if len(parts) > 1:
-                    ir = int(parts[-1])  # (the last column: also with --dump-instr=yes)
-                    by_group[group_of(ob)] += ir
-                    if group_of(ob) == "module":
-                        module_fns[fn] += ir
+                p = parts[0]
+                last = last if p == "*" else last + int(p, 0) if p[0] in "+-" else int(p, 0)
+                if skip_next_cost:
+                    skip_next_cost = False
+                elif len(parts) > 1:
+                    yield ob, fn, last, int(parts[-1])  # (the last column: also with --dump-instr=yes)
                 continue
             key, _, value = line.partition("=")
-            if key == "ob":
-                ob = name("ob", value)
-            elif key == "fn":
-                fn = name("fn", value)
-            elif key == "cob":
-                name("cob", value)
-            elif key == "cfn":
-                cfn = name("cfn", value)
+            if key in ("ob", "cob"):
+                value = name("ob", value)
+                if key == "ob":
+                    ob = value
+            elif key in ("fn", "cfn"):
+                value = name("fn", value)
+                if key == "fn":
+                    fn = value
+                else:
+                    cfn = value
             elif key == "calls":
                 skip_next_cost = True
-                if cfn == "processCommand":
-                    requests += int(value.split()[0])
+                on_call(cfn, int(value.split()[0]))
+
+
+def split(path):
+    by_group = defaultdict(int)
+    module_fns = defaultdict(int)
+    requests = 0
+
+    def count_requests(callee, count):
+        nonlocal requests
+        if callee == "processCommand":
+            requests += count
+
+    for ob, fn, _, ir in walk(path, count_requests):
+        group = group_of(ob)
+        by_group[group] += ir
+        if group == "module":
+            module_fns[fn] += ir
     top = sorted(module_fns.items(), key=lambda kv: -kv[1])[: int(os.environ.get("SPLIT_TOP", "8"))]
     return {"requests": requests, "ir": dict(by_group), "module_top": top}
 

@@ -216,14 +216,8 @@ impl Endpoint {
         self.writes_since_idle_check += 1;
         // (an inline request's scatter entry needs no key: the device reads it at post)
         let mut sge = ibv_sge { addr: from as u64, length: len, lkey: 0 };
-        // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
         wr.send_flags = ibv_send_flags::IBV_SEND_INLINE.0;
-        wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(offset), rkey };
-        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         self.post_send_chain(std::slice::from_mut(&mut wr), 0, false)
     }
 
@@ -246,13 +240,7 @@ impl Endpoint {
             // The usual write lies in one chunk: the plan's one request of one piece,
             // built without the plan.
             let mut sge = self.tx_sge(offset, len)?;
-            // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.sg_list = &mut sge;
-            wr.num_sge = 1;
-            wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(offset), rkey };
-            wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
             return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
         }
         let plan = tx_plan::plan(offset, len, chunk).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
@@ -274,13 +262,7 @@ impl Endpoint {
             }
             // (indexing panics past MAX, so `built` never exceeds it)
             let sg_list = sges[built].write(list).as_mut_ptr();
-            // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
-            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.sg_list = sg_list;
-            wr.num_sge = planned.sges as i32;
-            wr.wr.rdma = rdma_t { remote_addr: remote_addr + u64::from(planned.offset()), rkey };
-            wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-            wrs[built].write(wr);
+            wrs[built].write(rdma_write(sg_list, planned.sges, remote_addr + u64::from(planned.offset()), rkey, None));
             built += 1;
         }
         // SAFETY: the first `built` (<= MAX) requests were written in the loop above.
@@ -291,6 +273,22 @@ impl Endpoint {
         last.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
         self.post_send_chain(wrs, 0, false)
     }
+}
+
+/// An RDMA_WRITE of the `num_sge` pieces at `sg_list` to `remote_addr`; with `imm`, an
+/// RDMA_WRITE_WITH_IMM that tells the peer (docs/protocol.md §4.1).
+fn rdma_write(sg_list: *mut ibv_sge, num_sge: usize, remote_addr: u64, rkey: u32, imm: Option<u32>) -> ibv_send_wr {
+    // SAFETY: all-zero is a valid ibv_send_wr (plain integers, null pointers).
+    let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.sg_list = sg_list;
+    wr.num_sge = num_sge as i32;
+    wr.wr.rdma = rdma_t { remote_addr, rkey };
+    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+    if let Some(imm) = imm {
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+    }
+    wr
 }
 
 /// Where an inline write goes in the peer's window, and the immediate that tells it.
