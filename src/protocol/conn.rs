@@ -853,17 +853,18 @@ mod tests {
     }
 
     #[test]
-    fn a_peer_that_acknowledges_nothing_for_two_ticks_fails_the_connection_once() {
+    fn a_peer_that_acknowledges_nothing_for_dead_peer_ticks_fails_the_connection_once() {
+        let dead = super::super::DEAD_PEER_TICKS;
         let mut c = established_server();
-        c.keepalive_tick(0, false).unwrap();
-        assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive));
-        c.keepalive_tick(1, false).unwrap();
-        assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "one silent period is not enough");
-        let f = c.keepalive_tick(super::super::DEAD_PEER_TICKS, false).unwrap_err();
-        assert_eq!(f, Failure::PeerSilent { ticks: 2 });
+        for silent in 0..dead {
+            c.keepalive_tick(silent, false).unwrap();
+            assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "{silent} silent periods are not enough");
+        }
+        let f = c.keepalive_tick(dead, false).unwrap_err();
+        assert_eq!(f, Failure::PeerSilent { ticks: dead });
         assert_eq!(f.errno(), libc::ETIMEDOUT);
         assert_eq!(c.failure(), Some(&f));
-        assert_eq!(c.keepalive_tick(3, false), Ok(()), "failed once; a failed connection sends nothing more");
+        assert_eq!(c.keepalive_tick(dead + 1, false), Ok(()), "failed once; a failed connection sends nothing more");
         assert_eq!(c.poll_control(), None);
     }
 

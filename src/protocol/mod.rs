@@ -26,9 +26,19 @@ pub use window::{RxWindow, TxWindow};
 pub const KEEPALIVE_MS: u64 = 3000;
 /// A peer that acknowledged none of our work requests in flight for this many keepalive
 /// periods in a row is gone (host down, cable pulled) and its connection is closed
-/// (docs/protocol.md §5): 6 to 9 s after it fell silent. A live peer's NIC acknowledges
+/// (docs/protocol.md §5): 9 to 12 s after it fell silent. A live peer's NIC acknowledges
 /// every period's Keepalive within microseconds, whatever its process is doing.
-pub const DEAD_PEER_TICKS: u32 = 2;
+///
+/// Three, not two: a link that comes back must get one of the NIC's retransmissions
+/// through before the count runs out. A Keepalive sent as the link drops is retried
+/// every ACK timeout (2.1 s with rdma_cm's RoCE default), so `n` periods keep every link
+/// that is back within `3n - 2.1` s: 3.9 s with two, too short for a cable pulled and
+/// plugged back, and 6.9 s with three (docs/protocol.md §5, `tests/e2e/linkdown.sh`).
+pub const DEAD_PEER_TICKS: u32 = 3;
+/// The ACK timeout of a RoCE queue pair that rdma_cm set up (timeout 19: 4.096 µs × 2¹⁹).
+const ROCE_ACK_TIMEOUT_MS: u64 = 2147;
+// A cable pulled for 5 s is away about 6 s in the test bed (`tests/e2e/linkdown.sh`).
+const _: () = assert!(DEAD_PEER_TICKS as u64 * KEEPALIVE_MS - ROCE_ACK_TIMEOUT_MS >= 6800);
 /// A server connection whose handshake the client has not completed (no ESTABLISHED) by
 /// this keepalive tick after the connect request is given up (docs/protocol.md §5): 9 to
 /// 12 s. The last step of a live client's handshake follows its first within

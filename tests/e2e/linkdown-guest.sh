@@ -63,13 +63,14 @@ for _ in $(seq 1 900); do [ "$(rdma_clients)" = "$want" ] && break; sleep 0.2; d
 [ "$(rdma_clients)" = "$want" ] || { echo "FAIL: $(rdma_clients) RDMA clients, not $want, before the cable was pulled"; exit 1; }
 echo "# server guest ($impl): $want RDMA clients connected ($N across the wire, 1 local idle)"
 touch ready
-# First a blip: the host pulls the cable for 4 s and plugs it back (./blip once it is
-# back). A link that returns within two keepalive periods loses no connection.
+# First a blip: the host pulls the cable for a few seconds and plugs it back (./blip once it
+# is back). A link back within 6.9 s loses no connection (docs/protocol.md §5); one that
+# cost connections has them closed within 12 s of the blip's start.
 for _ in $(seq 1 600); do [ -e blip ] && break; sleep 0.1; done
 [ -e blip ] || { echo "FAIL: the host never signalled the blip"; exit 1; }
 sleep 12
 blip_left=$(rdma_clients)
-echo "# $impl: 12 s after a 4-second cable pull: $blip_left of $want RDMA clients connected"
+echo "# $impl: 12 s after a cable pull and plug: $blip_left of $want RDMA clients connected"
 touch ready2
 for _ in $(seq 1 600); do [ -e linkdown ] && break; sleep 0.1; done
 [ -e linkdown ] || { echo "FAIL: the host never pulled the cable"; exit 1; }

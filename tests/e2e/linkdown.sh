@@ -5,8 +5,10 @@
 # on that NIC in each guest, so the traffic really crosses it). Once the connections
 # are in, the host pulls the client guest's cable (QEMU monitor: set_link wire off) and
 # the server guest measures how long until the server has closed them, while its own
-# local idle connection stays. Before that, a blip: the cable pulled for 4 s (longer than one keepalive period) and
-# plugged back must cost no connection (idle healthy peers are never taken for dead). ours must close them within LINKDOWN_BOUND s (20); the
+# local idle connection stays. Before that, a blip: the cable pulled for LINKDOWN_BLIP s (5;
+# longer than one keepalive period, and with the QEMU monitor's own delays near the 6.9 s a link may
+# stay away, docs/protocol.md §5) and plugged back must cost no connection (idle healthy peers are
+# never taken for dead). ours must close them within LINKDOWN_BOUND s (20); the
 # C module is measured as the reference (it is not required to notice).
 # Runs on the host; takes the guest lock (two guests at once: one vCPU each).
 set -uo pipefail
@@ -14,6 +16,7 @@ HERE=$(dirname "$(readlink -f "$0")")
 . "$HERE/../../testbed/env.sh"
 IMPLS=("$@"); [ ${#IMPLS[@]} -gt 0 ] || IMPLS=(ours c)
 BOUND=${LINKDOWN_BOUND:-20}
+BLIP=${LINKDOWN_BLIP:-5}
 SERVER_ADDR=10.78.0.1 CLIENT_ADDR=10.78.0.2
 exec 9> /tmp/valkey-rdma-guest.lock
 flock 9
@@ -50,9 +53,9 @@ for impl in "${IMPLS[@]}"; do
         sleep 0.1
     done
     if [ -e "$D/server/ready" ]; then
-        monitor "$D/client/monitor.sock" "set_link wire off" > /dev/null; sleep 4
+        monitor "$D/client/monitor.sock" "set_link wire off" > /dev/null; sleep "$BLIP"
         monitor "$D/client/monitor.sock" "set_link wire on" > /dev/null
-        echo "# blip: the client guest's cable pulled for 4 s and plugged back (QEMU monitor set_link)"
+        echo "# blip: the client guest's cable pulled for $BLIP s and plugged back (QEMU monitor set_link)"
         touch "$D/server/blip"
         for _ in $(seq 1 600); do [ -e "$D/server/ready2" ] && break; kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
     fi
@@ -69,9 +72,9 @@ for impl in "${IMPLS[@]}"; do
     [ "$src" = 0 ] && [ -n "$res" ] || ok=0
     if [ "$impl" = ours ] && [ $ok = 1 ]; then
         after=$(sed -n 's/.*closed_after=\([0-9.]*\).*/\1/p' <<< "$res")
-        [ -n "$after" ] && [ "${after%.*}" -lt "$BOUND" ] || { echo "FAIL: ours did not close the peer's connections within $BOUND s"; ok=0; }
+        [ -n "$after" ] && awk -v a="$after" -v b="$BOUND" 'BEGIN { exit !(a < b) }' || { echo "FAIL: ours did not close the peer's connections within $BOUND s"; ok=0; }
         grep -q 'peer_left=0 local_left=1 healthy=PONG' <<< "$res" || { echo "FAIL: want the peer's connections gone and the local idle one kept"; ok=0; }
-        grep -q 'blip_kept=21/21 ' <<< "$res" || { echo "FAIL: a 4-second blip cost connections"; ok=0; }
+        grep -q 'blip_kept=21/21 ' <<< "$res" || { echo "FAIL: a $BLIP-second blip cost connections"; ok=0; }
     fi
     if [ $ok = 1 ]; then PASSED=$((PASSED + 1)); echo "ok - linkdown $impl"
     else FAILED=$((FAILED + 1)); echo "not ok - linkdown $impl"; fi
