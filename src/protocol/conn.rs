@@ -561,7 +561,7 @@ mod tests {
         c.begin_run();
         let mut called = vec![];
         loop {
-            match c.next_step(sq_room) {
+            match c.next_step(|| sq_room) {
                 Step::Call(h) => {
                     called.push(h);
                     f(c, h);
@@ -653,11 +653,11 @@ mod tests {
         assert_eq!(c.read(1), Err(ReadError::Failed(f.clone())));
         assert!(c.wants_pending(true));
         c.begin_run();
-        assert_eq!(c.next_step(true), Step::Call(Handler::Read));
+        assert_eq!(c.next_step(|| true), Step::Call(Handler::Read));
         assert_eq!(c.close(), CloseOutcome { unregister: true, free_now: false });
         assert_eq!(c.close(), CloseOutcome { unregister: false, free_now: false });
         assert_eq!(c.handler_returned(), AfterHandler::FreeNow);
-        assert_eq!(c.next_step(true), Step::Done { pending: false });
+        assert_eq!(c.next_step(|| true), Step::Done { pending: false });
         assert_eq!(c.close(), CloseOutcome { unregister: false, free_now: false });
         assert!(!c.wants_pending(true));
     }

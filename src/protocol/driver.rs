@@ -292,8 +292,8 @@ pub fn run<H: Host>(host: &mut H) -> RunEnd {
     // One turn of the driver between handler calls: what a handler changed is taken in
     // and the next step decided under the same hold of the driver.
     let next = |d: &mut Driver<H::Nic>| {
-        let room = d.nic.sq_room();
-        d.core.next_step(room)
+        let nic = &d.nic;
+        d.core.next_step(|| nic.sq_room())
     };
     let mut step = host.with_driver(|d| {
         d.core.begin_run();

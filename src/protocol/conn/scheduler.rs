@@ -27,7 +27,7 @@ enum Plan {
     Final,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Run {
     plan: Plan,
     stages: [Option<Stage>; 2],
@@ -145,14 +145,68 @@ impl Conn {
         });
     }
 
-    /// The next handler to call in this run, or the end of the run. `sq_room` as for
-    /// [`write`](Self::write).
+    /// The next handler to call in this run, or the end of the run. `sq_room` answers as
+    /// for [`write`](Self::write), asked only when a write stage or the run's end needs it.
     ///
     /// The read loop goes on while unread bytes remain and the previous call consumed
     /// some: a call that consumed nothing means an IO thread has the client
     /// (`readQueryFromClient` returns without reading, docs/server-abi.md §4.5) and
     /// `update_state` will queue it; not while READ is postponed.
-    pub fn next_step(&mut self, sq_room: bool) -> Step {
+    pub fn next_step(&mut self, sq_room: impl Fn() -> bool) -> Step {
+        // (test builds: the shortcut must decide exactly as the whole walk would)
+        #[cfg(test)]
+        let walked = {
+            let mut shadow = self.clone();
+            let step = shadow.walk_stages(sq_room());
+            (step, shadow.run, shadow.depth)
+        };
+        let step = match self.read_loop_shortcut() {
+            Some(step) => step,
+            None => self.walk_stages(sq_room()),
+        };
+        #[cfg(test)]
+        assert_eq!((step, &self.run, self.depth), (walked.0, &walked.1, walked.2), "the shortcut decided otherwise");
+        step
+    }
+
+    /// [`next_step`](Self::next_step) for the two steps of almost every request, decided
+    /// from a few fields (the compiler evaluates every stage's conditions of the whole
+    /// walk up front): a live run that has not left its read loop, on an established
+    /// connection, with nothing postponed or due to write:
+    /// - the run's first step, bytes unread: the read handler;
+    /// - nothing (left) unread and no write handler: the end of the run (what
+    ///   [`pending_after`](Self::pending_after) says then: only completions left).
+    ///
+    /// `None`: anything else, for [`walk_stages`](Self::walk_stages).
+    #[inline]
+    fn read_loop_shortcut(&mut self) -> Option<Step> {
+        let run = self.run.as_mut()?;
+        if !(run.plan == Plan::Live
+            && run.at == 0
+            && run.stages == [Some(Stage::ReadLoop), Some(Stage::WriteIfDue)]
+            && matches!(self.state, State::Established)
+            && self.read_handler
+            && !self.postponed.read)
+        {
+            return None;
+        }
+        let unread = self.session.rx.has_unread();
+        if run.read_calls == 0 && unread {
+            run.read_calls = 1;
+            run.calling = Some((Handler::Read, self.bytes_read));
+            self.depth += 1;
+            return Some(Step::Call(Handler::Read));
+        }
+        if !unread && !self.write_handler {
+            self.run = None;
+            return Some(Step::Done { pending: self.completions_left });
+        }
+        None
+    }
+
+    /// [`next_step`](Self::next_step) by walking the run's stages.
+    #[inline(never)]
+    fn walk_stages(&mut self, sq_room: bool) -> Step {
         if self.run.is_none() {
             return Step::Done { pending: !matches!(self.state, State::Closed) && self.completions_left };
         }
