@@ -25,14 +25,18 @@ pub(crate) enum Knob {
     PanicInAccept,
     /// Completions taken per connection per wake-up, instead of 256.
     CompletionBudget,
+    /// Every DEVICE_REMOVAL is dropped unread, as when the kernel removes a device
+    /// without telling rdma_cm's users (seen with rxe under a wildcard listener).
+    IgnoreDeviceRemoval,
 }
 
-const NAMES: [(&str, Knob); 5] = [
+const NAMES: [(&str, Knob); 6] = [
     ("unknown-event-loop", Knob::UnknownEventLoop),
     ("fail-migrate", Knob::FailMigrate),
     ("fail-accept", Knob::FailAccept),
     ("panic-accept", Knob::PanicInAccept),
     ("completion-budget", Knob::CompletionBudget),
+    ("ignore-device-removal", Knob::IgnoreDeviceRemoval),
 ];
 
 #[allow(clippy::declare_interior_mutable_const)]

@@ -197,6 +197,20 @@ pub(crate) fn listen_again() {
     }
 }
 
+/// Every listener whose id is on `device` loses it as at DEVICE_REMOVAL (the device left
+/// the device list without one, `removal::notice_unlisted`).
+pub(crate) fn device_unlisted(device: verbs::DeviceKey) {
+    let on_it: Vec<Arc<ListenEndpoint>> = lock(&MODULE.listeners.listening)
+        .iter()
+        .flat_map(|r| r.values())
+        .filter(|ep| lock(&ep.id).as_ref().and_then(verbs::DeviceKey::of) == Some(device))
+        .cloned()
+        .collect();
+    for ep in on_it {
+        listener_lost(&ep, true);
+    }
+}
+
 /// The listener's id got DEVICE_REMOVAL or ADDR_CHANGE: its id is destroyed (a removed
 /// device's resources must all go), the channel stays watched, and [`listen_again`]
 /// brings it back.
@@ -288,6 +302,9 @@ pub(crate) fn on_listener_events(fd: c_int) {
                 return;
             }
         };
+        if event.is_device_removal() && knobs::value(Knob::IgnoreDeviceRemoval).is_some() {
+            continue;
+        }
         match event.new_id {
             Some(id) => accept_one(id),
             None if event.is_device_removal() || event.is_addr_change() => {
@@ -436,6 +453,9 @@ pub(crate) fn on_conn_events() {
             Err(e) => return log::warn!("RDMA: {e}"),
         };
         let Some(c) = live::get(event.context) else { continue };
+        if event.is_device_removal() && knobs::value(Knob::IgnoreDeviceRemoval).is_some() {
+            continue;
+        }
         if event.is_device_removal() {
             if let Some(device) = c.inner.device {
                 super::removal::device_removed(device, &connection::device_name(&c));

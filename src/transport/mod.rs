@@ -320,6 +320,7 @@ impl Transport for RdmaConnection {
             connection::keepalive(&c);
             connection::queue_if_due(&c);
         }
+        removal::notice_unlisted();
         removal::release_finished();
         listener::listen_again();
     }

@@ -29,9 +29,19 @@ impl DeviceKey {
 
 /// The module's objects on each device that hold its context (protection domains and
 /// completion channels: every region holds its domain, every CQ its channel).
-static HELD: Mutex<Vec<(DeviceKey, usize)>> = Mutex::new(Vec::new());
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
-fn held() -> std::sync::MutexGuard<'static, Vec<(DeviceKey, usize)>> {
+struct Held {
+    key: DeviceKey,
+    objects: usize,
+    /// The context's `ibv_device`, by address: libibverbs lists the same one for as long
+    /// as the kernel has the device, and never again once it is removed (a device added
+    /// back under the same name is a new one).
+    device: usize,
+    name: String,
+}
+
+fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
     HELD.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -40,32 +50,86 @@ fn held() -> std::sync::MutexGuard<'static, Vec<(DeviceKey, usize)>> {
 pub(crate) struct DeviceHold(DeviceKey);
 
 impl DeviceHold {
+    /// `verbs`: the open context the object was just made on.
     pub(crate) fn new(verbs: *mut rdma_sys::ibv_context) -> DeviceHold {
-        let key = DeviceKey::from_context(verbs);
+        DeviceHold::counted(DeviceKey::from_context(verbs), || device_of(verbs))
+    }
+
+    /// `device`: the `ibv_device` (by address) and name, asked for the device's first object.
+    fn counted(key: DeviceKey, device: impl FnOnce() -> (usize, String)) -> DeviceHold {
         let mut h = held();
-        match h.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, n)) => *n += 1,
-            None => h.push((key, 1)),
+        match h.iter_mut().find(|d| d.key == key) {
+            Some(d) => d.objects += 1,
+            None => {
+                let (device, name) = device();
+                h.push(Held { key, objects: 1, device, name });
+            }
         }
         DeviceHold(key)
+    }
+}
+
+/// The `ibv_device` of an open context (by address) and its name.
+fn device_of(verbs: *mut rdma_sys::ibv_context) -> (usize, String) {
+    if verbs.is_null() {
+        return (0, "?".into());
+    }
+    // SAFETY: `verbs` is an open context (an object was just made on it); its `device`
+    // stays allocated while the context is open, and its `name` is a NUL-terminated array.
+    unsafe {
+        let dev = (*verbs).device;
+        if dev.is_null() {
+            return (0, "?".into());
+        }
+        (dev as usize, std::ffi::CStr::from_ptr((*dev).name.as_ptr()).to_string_lossy().into_owned())
     }
 }
 
 impl Drop for DeviceHold {
     fn drop(&mut self) {
         let mut h = held();
-        if let Some(i) = h.iter().position(|(k, _)| *k == self.0) {
-            h[i].1 -= 1;
-            if h[i].1 == 0 {
+        if let Some(i) = h.iter().position(|d| d.key == self.0) {
+            h[i].objects -= 1;
+            if h[i].objects == 0 {
                 h.swap_remove(i);
             }
         }
     }
 }
 
+/// The devices the module holds objects on that libibverbs no longer lists: the kernel
+/// is removing them (it unlists a device before it waits for the processes that hold
+/// it), whether or not rdma_cm told the module (docs/operator-guide.md, "When a device
+/// goes away"). Each by key and name. Reads the device list only while the module
+/// holds a device, and concludes nothing when the list cannot be read.
+pub(crate) fn unlisted() -> Vec<(DeviceKey, String)> {
+    let devices: Vec<usize> = held().iter().map(|d| d.device).collect();
+    if devices.is_empty() {
+        return Vec::new();
+    }
+    let Some(listed) = listed_devices() else { return Vec::new() };
+    held().iter().filter(|d| d.device != 0 && !listed.contains(&d.device)).map(|d| (d.key, d.name.clone())).collect()
+}
+
+/// The `ibv_device`s libibverbs lists now, by address; `None` when it cannot say.
+fn listed_devices() -> Option<Vec<usize>> {
+    let l = super::lib().ok()?;
+    let mut n = 0;
+    // SAFETY: a NULL-terminated list of `n` devices (or NULL), read and freed at once.
+    unsafe {
+        let list = (l.ibv_get_device_list)(&mut n);
+        if list.is_null() {
+            return None;
+        }
+        let listed = (0..n.max(0) as usize).map(|i| *list.add(i) as usize).collect();
+        (l.ibv_free_device_list)(list);
+        Some(listed)
+    }
+}
+
 /// Whether an object of the module's is still on `device`.
 pub(crate) fn holds(device: DeviceKey) -> bool {
-    held().iter().any(|(k, _)| *k == device)
+    held().iter().any(|d| d.key == device)
 }
 
 /// The kernel's name of the device of `id` ("rxe0", "mlx5_1"), for the log.
@@ -113,12 +177,12 @@ mod tests {
     #[test]
     fn a_device_is_held_while_any_object_on_it_is() {
         // (addresses no context has: the tests share the count with other tests)
-        let (a, b) = (0x51_0000 as *mut rdma_sys::ibv_context, 0x52_0000 as *mut rdma_sys::ibv_context);
-        let (ka, kb) = (DeviceKey::from_context(a), DeviceKey::from_context(b));
+        let (ka, kb) = (DeviceKey(0x51_0000), DeviceKey(0x52_0000));
+        let hold = |k| DeviceHold::counted(k, || (0, "test".into()));
         assert!(!holds(ka) && !holds(kb));
-        let pd = DeviceHold::new(a);
-        let channel = DeviceHold::new(a);
-        let other = DeviceHold::new(b);
+        let pd = hold(ka);
+        let channel = hold(ka);
+        let other = hold(kb);
         assert!(holds(ka) && holds(kb));
         drop(pd);
         assert!(holds(ka), "the channel still holds it");
@@ -127,5 +191,21 @@ mod tests {
         assert!(holds(kb), "another device is counted apart");
         drop(other);
         assert!(!holds(kb));
+    }
+
+    #[test]
+    fn a_held_device_that_is_not_listed_is_reported_once_per_device() {
+        // (no device has these addresses: whatever libibverbs lists, they are not on it)
+        let (ka, kb) = (DeviceKey(0x61_0000), DeviceKey(0x62_0000));
+        let a1 = DeviceHold::counted(ka, || (0x71_0000, "rxeA".into()));
+        let a2 = DeviceHold::counted(ka, || unreachable!("asked for the first object only"));
+        let b = DeviceHold::counted(kb, || (0, "unknown".into()));
+        let gone = |k| unlisted().into_iter().filter(|(key, _)| *key == k).collect::<Vec<_>>();
+        if listed_devices().is_some() {
+            assert_eq!(gone(ka), [(ka, "rxeA".to_string())]);
+        }
+        assert_eq!(gone(kb), [], "a device whose ibv_device is unknown is never taken for removed");
+        drop((a1, a2, b));
+        assert_eq!(gone(ka), [], "nothing held there any more");
     }
 }

@@ -27,7 +27,9 @@ mod tx_plan;
 
 pub(crate) use buffer::chunks as buffer_chunks;
 pub(crate) use cq::CompletionChannel;
-pub(crate) use device::{holds as device_held, let_go_of_removed_devices, name_of as device_name, DeviceKey};
+pub(crate) use device::{
+    holds as device_held, let_go_of_removed_devices, name_of as device_name, unlisted as unlisted_devices, DeviceKey,
+};
 pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, TX_CHUNK};
 pub use map_budget::{clients_for_maps, map_count_now, maps_for_clients, max_map_count, MAPS_PER_ENDPOINT};

@@ -940,6 +940,49 @@ then_rxe0_restored() {
 }
 run_case "ours device removed under live clients: its connections closed, the device let go, TCP and a second device serve; back: listening again" then_rxe0_restored case_device_removed
 
+# A removal the kernel never announces (docs/operator-guide.md, "When a device goes away"):
+# the knob drops every DEVICE_REMOVAL, as the kernel sometimes sends none (rxe, wildcard
+# listener: `rdma link delete` then waited in ib_uverbs_remove_one until the server
+# exited). The device leaves libibverbs' list all the same, and the module's tick must
+# let go of it: the listener and the connection on it lose their ids, and the delete
+# finishes once the client's own process is gone.
+case_device_removal_unannounced() {
+    local netdev del c1 c2 t0
+    netdev=$(rxe_netdev)
+    [ -n "$netdev" ] || { fail "no rxe0 to remove"; return 1; }
+    second_device_up || { fail "no second device rxe9"; return 1; }
+    VALKEY_RDMA_TEST=ignore-device-removal start_server devrmsilent "$VALKEY_912/src/valkey-server" "${OURS[@]}" \
+        --rdma-bind "$RDMA_ADDR" "$SECOND_ADDR" --rdma-port @PORT@ || return 1
+    "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/devrmsilent-c1.out" 2>&1 &
+    c1=$!
+    "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" -r -1 -i 1 INCR n > "$WORK/devrmsilent-c2.out" 2>&1 &
+    c2=$!
+    wait_until 30 info_is connected_clients 2 || { fail "the two RDMA clients did not connect"; return 1; }
+    (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmsilent-delete.out" 2>&1 &
+    del=$!
+    t0=$SECONDS
+    wait_until 20 log_has "RDMA: device rxe0 is no longer listed, yet no removal event came for it: handling it as removed" \
+        || { blocked_in_kernel; fail "the module did not notice the unlisted device"; return 1; }
+    note "noticed $((SECONDS - t0)) s after the delete began"
+    log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" || { fail "the connection on rxe0 was not closed"; return 1; }
+    wait_until 20 info_is connected_clients 1 || { fail "connected_clients $(rdma_info connected_clients), want 1: the one on rxe9"; return 1; }
+    wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
+        || { fail "the removed device's resources are not released"; return 1; }
+    expect_eq "rdma_listeners_down (the listener on rxe0's address)" "$(rdma_info listeners_down)" 1 || return 1
+    kill -9 "$c1" 2>/dev/null; wait "$c1" 2>/dev/null
+    t0=$SECONDS
+    wait_until 30 eval '[ -s "$WORK/devrmsilent-delete.out" ]' || { blocked_in_kernel; fail "rdma link delete still waits"; return 1; }
+    wait "$del"
+    expect_eq "rdma link delete, once the client on rxe0 is gone" "$(cat "$WORK/devrmsilent-delete.out")" "rc=0" || return 1
+    note "the delete finished $((SECONDS - t0)) s after the client on rxe0 was killed"
+    rdma link add rxe0 type rxe netdev "$netdev" && wait_until 10 rxe_active || { fail "rxe0 did not come back"; return 1; }
+    wait_until 20 log_has "RDMA: listening on $RDMA_ADDR:$PORT again" || { fail "the listener did not come back"; return 1; }
+    expect_eq "PING over RDMA on rxe0 after it came back" "$(timeout 20 "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" PING)" PONG || return 1
+    kill "$c2" 2>/dev/null; wait "$c2" 2>/dev/null
+    server_alive
+}
+run_case "ours a device removal the kernel never announces: noticed at the next tick, the device let go" then_rxe0_restored case_device_removal_unannounced
+
 # event_files PID: the anonymous "infinibandevent" files PID holds (a device context's
 # async events, and each completion channel).
 event_files() { ls -l "/proc/$1/fd" 2>/dev/null | grep -c 'infinibandevent'; }
