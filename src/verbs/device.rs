@@ -8,6 +8,8 @@
 //! own on a removed device, it asks librdmacm to look at the device list again, which
 //! closes the context of a device that is gone and no id of which is left.
 
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use super::resources::CmId;
@@ -34,10 +36,10 @@ static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 struct Held {
     key: DeviceKey,
     objects: usize,
-    /// The context's `ibv_device`, by address: libibverbs lists the same one for as long
-    /// as the kernel has the device, and never again once it is removed (a device added
-    /// back under the same name is a new one).
-    device: usize,
+    /// The device's entry in `/sys/class/infiniband_verbs` and its inode: the kernel
+    /// deletes the entry first when it removes the device, and a device added back under
+    /// the same name is a new entry. `None`: unknown (never taken for removed).
+    entry: Option<(PathBuf, u64)>,
     name: String,
 }
 
@@ -55,34 +57,39 @@ impl DeviceHold {
         DeviceHold::counted(DeviceKey::from_context(verbs), || device_of(verbs))
     }
 
-    /// `device`: the `ibv_device` (by address) and name, asked for the device's first object.
-    fn counted(key: DeviceKey, device: impl FnOnce() -> (usize, String)) -> DeviceHold {
+    /// `device`: the device's entry and name, asked for the device's first object.
+    fn counted(key: DeviceKey, device: impl FnOnce() -> (Option<(PathBuf, u64)>, String)) -> DeviceHold {
         let mut h = held();
         match h.iter_mut().find(|d| d.key == key) {
             Some(d) => d.objects += 1,
             None => {
-                let (device, name) = device();
-                h.push(Held { key, objects: 1, device, name });
+                let (entry, name) = device();
+                h.push(Held { key, objects: 1, entry, name });
             }
         }
         DeviceHold(key)
     }
 }
 
-/// The `ibv_device` of an open context (by address) and its name.
-fn device_of(verbs: *mut rdma_sys::ibv_context) -> (usize, String) {
+/// The sysfs entry (path and inode) and the name of an open context's device.
+fn device_of(verbs: *mut rdma_sys::ibv_context) -> (Option<(PathBuf, u64)>, String) {
     if verbs.is_null() {
-        return (0, "?".into());
+        return (None, "?".into());
     }
     // SAFETY: `verbs` is an open context (an object was just made on it); its `device`
-    // stays allocated while the context is open, and its `name` is a NUL-terminated array.
-    unsafe {
+    // stays allocated while the context is open, and `name` and `dev_path` are
+    // NUL-terminated arrays libibverbs filled when it read the device list.
+    let (name, path) = unsafe {
         let dev = (*verbs).device;
         if dev.is_null() {
-            return (0, "?".into());
+            return (None, "?".into());
         }
-        (dev as usize, std::ffi::CStr::from_ptr((*dev).name.as_ptr()).to_string_lossy().into_owned())
-    }
+        let text = |a: &[std::ffi::c_char]| std::ffi::CStr::from_ptr(a.as_ptr()).to_string_lossy().into_owned();
+        (text(&(*dev).name), text(&(*dev).dev_path))
+    };
+    let path = PathBuf::from(path);
+    let entry = std::fs::metadata(&path).ok().map(|m| (path, m.ino()));
+    (entry, name)
 }
 
 impl Drop for DeviceHold {
@@ -97,34 +104,25 @@ impl Drop for DeviceHold {
     }
 }
 
-/// The devices the module holds objects on that libibverbs no longer lists: the kernel
-/// is removing them (it unlists a device before it waits for the processes that hold
-/// it), whether or not rdma_cm told the module (docs/operator-guide.md, "When a device
-/// goes away"). Each by key and name. Reads the device list only while the module
-/// holds a device, and concludes nothing when the list cannot be read.
+/// The devices the module holds objects on whose entry in `/sys/class/infiniband_verbs`
+/// is gone (or is another device's now): the kernel is removing them (it deletes that
+/// entry before it waits for the processes that hold the device), whether or not
+/// rdma_cm told the module (docs/operator-guide.md, "When a device goes away"). Each by
+/// key and name. One `stat` per device, which needs no file descriptor: a server out of
+/// them still sees its devices; any answer but "not there" concludes nothing.
 pub(crate) fn unlisted() -> Vec<(DeviceKey, String)> {
-    let devices: Vec<usize> = held().iter().map(|d| d.device).collect();
-    if devices.is_empty() {
-        return Vec::new();
-    }
-    let Some(listed) = listed_devices() else { return Vec::new() };
-    held().iter().filter(|d| d.device != 0 && !listed.contains(&d.device)).map(|d| (d.key, d.name.clone())).collect()
-}
-
-/// The `ibv_device`s libibverbs lists now, by address; `None` when it cannot say.
-fn listed_devices() -> Option<Vec<usize>> {
-    let l = super::lib().ok()?;
-    let mut n = 0;
-    // SAFETY: a NULL-terminated list of `n` devices (or NULL), read and freed at once.
-    unsafe {
-        let list = (l.ibv_get_device_list)(&mut n);
-        if list.is_null() {
-            return None;
-        }
-        let listed = (0..n.max(0) as usize).map(|i| *list.add(i) as usize).collect();
-        (l.ibv_free_device_list)(list);
-        Some(listed)
-    }
+    let entries: Vec<(DeviceKey, String, PathBuf, u64)> = held()
+        .iter()
+        .filter_map(|d| d.entry.as_ref().map(|(path, ino)| (d.key, d.name.clone(), path.clone(), *ino)))
+        .collect();
+    entries
+        .into_iter()
+        .filter(|(_, _, path, ino)| match std::fs::metadata(path) {
+            Ok(m) => m.ino() != *ino,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        })
+        .map(|(key, name, _, _)| (key, name))
+        .collect()
 }
 
 /// Whether an object of the module's is still on `device`.
@@ -178,7 +176,7 @@ mod tests {
     fn a_device_is_held_while_any_object_on_it_is() {
         // (addresses no context has: the tests share the count with other tests)
         let (ka, kb) = (DeviceKey(0x51_0000), DeviceKey(0x52_0000));
-        let hold = |k| DeviceHold::counted(k, || (0, "test".into()));
+        let hold = |k| DeviceHold::counted(k, || (None, "test".into()));
         assert!(!holds(ka) && !holds(kb));
         let pd = hold(ka);
         let channel = hold(ka);
@@ -194,18 +192,45 @@ mod tests {
     }
 
     #[test]
-    fn a_held_device_that_is_not_listed_is_reported_once_per_device() {
-        // (no device has these addresses: whatever libibverbs lists, they are not on it)
-        let (ka, kb) = (DeviceKey(0x61_0000), DeviceKey(0x62_0000));
-        let a1 = DeviceHold::counted(ka, || (0x71_0000, "rxeA".into()));
-        let a2 = DeviceHold::counted(ka, || unreachable!("asked for the first object only"));
-        let b = DeviceHold::counted(kb, || (0, "unknown".into()));
-        let gone = |k| unlisted().into_iter().filter(|(key, _)| *key == k).collect::<Vec<_>>();
-        if listed_devices().is_some() {
-            assert_eq!(gone(ka), [(ka, "rxeA".to_string())]);
+    fn a_held_device_whose_entry_is_gone_or_replaced_is_unlisted() {
+        // (directories stand for the sysfs entries; addresses no context has)
+        let dir = std::env::temp_dir().join(format!("valkey-rdma-unlisted-{}", std::process::id()));
+        let (a, b, c) = (dir.join("uverbsA"), dir.join("uverbsB"), dir.join("uverbsC"));
+        for p in [&a, &b, &c] {
+            std::fs::create_dir_all(p).unwrap();
         }
-        assert_eq!(gone(kb), [], "a device whose ibv_device is unknown is never taken for removed");
-        drop((a1, a2, b));
-        assert_eq!(gone(ka), [], "nothing held there any more");
+        let ino = |p: &PathBuf| std::fs::metadata(p).unwrap().ino();
+        let (ka, kb, kc, kd) = (DeviceKey(0x61_0000), DeviceKey(0x62_0000), DeviceKey(0x63_0000), DeviceKey(0x64_0000));
+        let entry = |p: &PathBuf| Some((p.clone(), ino(p)));
+        let ha = DeviceHold::counted(ka, || (entry(&a), "rxeA".into()));
+        let ha2 = DeviceHold::counted(ka, || unreachable!("asked for the first object only"));
+        let hb = DeviceHold::counted(kb, || (entry(&b), "rxeB".into()));
+        let hc = DeviceHold::counted(kc, || (entry(&c), "rxeC".into()));
+        let hd = DeviceHold::counted(kd, || (None, "unknown".into()));
+        let ours = |k: &[DeviceKey]| unlisted().into_iter().filter(|(key, _)| k.contains(key)).collect::<Vec<_>>();
+        let keys = [ka, kb, kc, kd];
+        assert_eq!(ours(&keys), [], "every entry is there");
+        // (a new entry is made before the old one goes, so that it cannot reuse its inode)
+        let replace = |p: &PathBuf| {
+            let new = p.with_extension("new");
+            std::fs::create_dir(&new).unwrap();
+            std::fs::remove_dir(p).unwrap();
+            std::fs::rename(&new, p).unwrap();
+        };
+        std::fs::remove_dir(&a).unwrap();
+        replace(&b);
+        replace(&c);
+        let held_c = DeviceHold::counted(DeviceKey(0x65_0000), || (entry(&c), "rxeC2".into()));
+        let mut gone = ours(&keys);
+        gone.sort_by_key(|(k, _)| k.0);
+        assert_eq!(
+            gone,
+            [(ka, "rxeA".to_string()), (kb, "rxeB".to_string()), (kc, "rxeC".to_string())],
+            "a removed entry, and one another device made anew under the same name"
+        );
+        assert_eq!(ours(&[DeviceKey(0x65_0000)]), [], "the new device is not taken for removed");
+        drop((ha, ha2, hb, hc, hd, held_c));
+        assert_eq!(ours(&keys), [], "nothing held there any more");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -943,7 +943,7 @@ run_case "ours device removed under live clients: its connections closed, the de
 # A removal the kernel never announces (docs/operator-guide.md, "When a device goes away"):
 # the knob drops every DEVICE_REMOVAL, as the kernel sometimes sends none (rxe, wildcard
 # listener: `rdma link delete` then waited in ib_uverbs_remove_one until the server
-# exited). The device leaves libibverbs' list all the same, and the module's tick must
+# exited). Its /sys/class/infiniband_verbs entry goes all the same, and the module's tick must
 # let go of it: the listener and the connection on it lose their ids, and the delete
 # finishes once the client's own process is gone.
 case_device_removal_unannounced() {
