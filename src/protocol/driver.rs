@@ -159,7 +159,7 @@ impl<N: Nic> Driver<N> {
                 }
                 Ok(r)
             }
-            Completion::Data { imm } => self.core.on_data(imm).map(|()| Received::Nothing),
+            Completion::Data { imm } => self.core.on_data(imm).map(|()| Received::Data),
             Completion::Failed { status, vendor_err } => {
                 self.core.on_work_request_failed(status, vendor_err).map(|()| Received::Nothing)
             }

@@ -386,9 +386,9 @@ fn with_completions(
     let Some(ep) = inner.d.nic.ep.as_mut() else { return };
     inner.completions.clear();
     let mut failed = take(ep, &mut inner.completions, &mut inner.d.core);
-    let writes_in = inner.completions.iter().filter(|c| matches!(c, Completion::Data { .. })).count();
-    stats::add(&MODULE.stats.writes_in, writes_in as u64);
+    let mut writes_in = 0;
     let fed = inner.d.feed(&inner.completions, |r| match r {
+        Received::Data => writes_in += 1,
         Received::Keepalive => stats::add(&MODULE.stats.keepalives_received, 1),
         // (a peer may send these as fast as it likes: rate-limited like a violation)
         Received::UnsupportedFeatures(f) => super::log_limited_at(
@@ -397,6 +397,7 @@ fn with_completions(
         ),
         _ => {}
     });
+    stats::add(&MODULE.stats.writes_in, writes_in);
     if let Some(f) = fed {
         failed.get_or_insert(f);
     }

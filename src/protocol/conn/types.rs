@@ -188,6 +188,8 @@ pub enum Received {
     /// Nothing to do (also: ignored because the connection is failed or closed). An
     /// answer, if one is due, is queued for [`Conn::poll_control`].
     Nothing,
+    /// An RDMA write of the peer's landed (its bytes are readable now; the server counts them).
+    Data,
     /// A Keepalive (clients count them).
     Keepalive,
     /// The server answered GetServerFeature (client side).
