@@ -57,11 +57,12 @@ pub(crate) fn device_removed(device: DeviceKey, name: &str) {
 }
 
 /// At each tick: a device the module holds objects on whose `/sys/class/infiniband_verbs`
-/// entry is gone is being removed, and the kernel waits for this process to let go of it. rdma_cm sends
-/// DEVICE_REMOVAL to each id on it first, but a removal it never announced (seen with rxe
-/// under a wildcard listener, the kernel then waiting in `ib_uverbs_remove_one` until
-/// the server exited) is handled here as if it had: the listeners and connections on
-/// the device lose their ids, and [`release_finished`] lets go of the rest.
+/// entry is gone is being removed, and the kernel waits for this process to let go of
+/// it. rdma_cm sends DEVICE_REMOVAL to each id on it first, but a removal it never
+/// announced (seen with rxe under a wildcard listener, the kernel then waiting in
+/// `ib_uverbs_remove_one` until the server exited) is handled here as if it had: the
+/// listeners and connections on the device lose their ids, and [`release_finished`]
+/// lets go of the rest.
 pub(crate) fn notice_unlisted() {
     for (device, name) in verbs::unlisted_devices() {
         if lock(&MODULE.removals.devices).iter().any(|r| r.device == device) {
