@@ -198,7 +198,7 @@ pub(crate) fn listen_again() {
 }
 
 /// Every listener whose id is on `device` loses it as at DEVICE_REMOVAL (the device left
-/// sysfs without one, `removal::notice_unlisted`).
+/// sysfs without one, `removal::unannounced`).
 pub(crate) fn device_unlisted(device: verbs::DeviceKey) {
     let on_it: Vec<Arc<ListenEndpoint>> = lock(&MODULE.listeners.listening)
         .iter()

@@ -320,7 +320,10 @@ impl Transport for RdmaConnection {
             connection::keepalive(&c);
             connection::queue_if_due(&c);
         }
-        removal::notice_unlisted();
+        for (device, name) in removal::unannounced() {
+            listener::device_unlisted(device);
+            removal::device_removed(device, &name);
+        }
         removal::release_finished();
         listener::listen_again();
     }

@@ -60,18 +60,17 @@ pub(crate) fn device_removed(device: DeviceKey, name: &str) {
 /// entry is gone is being removed, and the kernel waits for this process to let go of
 /// it. rdma_cm sends DEVICE_REMOVAL to each id on it first, but a removal it never
 /// announced (seen with rxe under a wildcard listener, the kernel then waiting in
-/// `ib_uverbs_remove_one` until the server exited) is handled here as if it had: the
-/// listeners and connections on the device lose their ids, and [`release_finished`]
-/// lets go of the rest.
-pub(crate) fn notice_unlisted() {
-    for (device, name) in verbs::unlisted_devices() {
-        if lock(&MODULE.removals.devices).iter().any(|r| r.device == device) {
-            continue;
-        }
+/// `ib_uverbs_remove_one` until the server exited) must be handled as if it had: these
+/// are the devices (key and name) newly found so, each with its log line. The tick then
+/// takes the ids of their listeners (`listener::device_unlisted`) and connections
+/// ([`device_removed`]), and [`release_finished`] lets go of the rest.
+pub(crate) fn unannounced() -> Vec<(DeviceKey, String)> {
+    let mut found = verbs::unlisted_devices();
+    found.retain(|(device, _)| !lock(&MODULE.removals.devices).iter().any(|r| r.device == *device));
+    for (_, name) in &found {
         log::warn!("RDMA: device {name} is no longer listed, yet no removal event came for it: handling it as removed");
-        super::listener::device_unlisted(device);
-        device_removed(device, &name);
     }
+    found
 }
 
 /// For each removed device with no live connection left: its shared CQs are forgotten;
