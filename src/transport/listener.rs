@@ -20,7 +20,7 @@ use super::MODULE;
 use super::{global, live, lock, pinned_ceiling_hint, HostedConn, CONN_EVENTS_KEY};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
-use crate::verbs::{self, CmId, ConnParams, EndpointConfig, EventChannel, VerbsError, VerbsOp};
+use crate::verbs::{self, CmEvent, CmId, ConnParams, EndpointConfig, EventChannel, VerbsError, VerbsOp};
 
 /// One listening address.
 struct ListenEndpoint {
@@ -197,6 +197,12 @@ pub(crate) fn listen_again() {
     }
 }
 
+/// Test builds: DEVICE_REMOVAL dropped unread (knob `ignore-device-removal`), as when the
+/// kernel removes a device without telling rdma_cm's users.
+fn dropped_by_knob(event: &CmEvent) -> bool {
+    event.is_device_removal() && knobs::value(Knob::IgnoreDeviceRemoval).is_some()
+}
+
 /// Every listener whose id is on `device` loses it as at DEVICE_REMOVAL (the device left
 /// sysfs without one, `removal::unannounced`).
 pub(crate) fn device_unlisted(device: verbs::DeviceKey) {
@@ -302,7 +308,7 @@ pub(crate) fn on_listener_events(fd: c_int) {
                 return;
             }
         };
-        if event.is_device_removal() && knobs::value(Knob::IgnoreDeviceRemoval).is_some() {
+        if dropped_by_knob(&event) {
             continue;
         }
         match event.new_id {
@@ -453,7 +459,7 @@ pub(crate) fn on_conn_events() {
             Err(e) => return log::warn!("RDMA: {e}"),
         };
         let Some(c) = live::get(event.context) else { continue };
-        if event.is_device_removal() && knobs::value(Knob::IgnoreDeviceRemoval).is_some() {
+        if dropped_by_knob(&event) {
             continue;
         }
         if event.is_device_removal() {

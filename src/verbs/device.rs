@@ -73,23 +73,29 @@ impl DeviceHold {
 
 /// The sysfs entry (path and inode) and the name of an open context's device.
 fn device_of(verbs: *mut rdma_sys::ibv_context) -> (Option<(PathBuf, u64)>, String) {
-    if verbs.is_null() {
-        return (None, "?".into());
-    }
-    // SAFETY: `verbs` is an open context (an object was just made on it); its `device`
-    // stays allocated while the context is open, and `name` and `dev_path` are
-    // NUL-terminated arrays libibverbs filled when it read the device list.
-    let (name, path) = unsafe {
-        let dev = (*verbs).device;
-        if dev.is_null() {
-            return (None, "?".into());
-        }
-        let text = |a: &[std::ffi::c_char]| std::ffi::CStr::from_ptr(a.as_ptr()).to_string_lossy().into_owned();
-        (text(&(*dev).name), text(&(*dev).dev_path))
-    };
+    let Some((name, path)) = name_and_path(verbs) else { return (None, "?".into()) };
     let path = PathBuf::from(path);
     let entry = std::fs::metadata(&path).ok().map(|m| (path, m.ino()));
     (entry, name)
+}
+
+/// The kernel's name of an open context's device and its `/sys/class/infiniband_verbs`
+/// path (`None`: no context, or no device).
+fn name_and_path(verbs: *mut rdma_sys::ibv_context) -> Option<(String, String)> {
+    if verbs.is_null() {
+        return None;
+    }
+    // SAFETY: callers pass an open context (of a live id, or one an object was just made
+    // on); its `device` stays allocated while the context is open, and `name` and
+    // `dev_path` are NUL-terminated arrays libibverbs filled when it read the device list.
+    unsafe {
+        let dev = (*verbs).device;
+        if dev.is_null() {
+            return None;
+        }
+        let text = |a: &[std::ffi::c_char]| std::ffi::CStr::from_ptr(a.as_ptr()).to_string_lossy().into_owned();
+        Some((text(&(*dev).name), text(&(*dev).dev_path)))
+    }
 }
 
 impl Drop for DeviceHold {
@@ -132,19 +138,7 @@ pub(crate) fn holds(device: DeviceKey) -> bool {
 
 /// The kernel's name of the device of `id` ("rxe0", "mlx5_1"), for the log.
 pub(crate) fn name_of(id: &CmId) -> String {
-    let verbs = id.raw().verbs;
-    if verbs.is_null() {
-        return "?".into();
-    }
-    // SAFETY: the context of a live id is open, and so is its `device`, whose `name` is
-    // a NUL-terminated array filled when the device list was read.
-    unsafe {
-        let dev = (*verbs).device;
-        if dev.is_null() {
-            return "?".into();
-        }
-        std::ffi::CStr::from_ptr((*dev).name.as_ptr()).to_string_lossy().into_owned()
-    }
+    name_and_path(id.raw().verbs).map_or_else(|| "?".into(), |(name, _)| name)
 }
 
 /// Has librdmacm read the device list again: the context of a device that the kernel
