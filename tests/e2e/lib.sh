@@ -62,12 +62,22 @@ run_case() {
     if "$@"; then
         PASSED=$((PASSED + 1)); echo "ok - $name ($((SECONDS - t0)) s)"
     else
-        FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name"); echo "not ok - $name ($((SECONDS - t0)) s)"
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name")
+        show_server_log_tail
+        echo "not ok - $name ($((SECONDS - t0)) s)"
     fi
     [ -n "${KEEP_SERVERS:-}" ] || stop_all_servers   # a cluster outlives its cases
 }
 
 fail() { echo "FAIL: $*"; return 1; }
+
+# show_server_log_tail: the last lines of the module's own (`<rdma>`) log of the case's
+# last server, so that a failed case says what the server saw, whatever it checked.
+show_server_log_tail() {
+    [ -n "${SERVER_LOG:-}" ] && [ -f "$SERVER_LOG" ] || return 0
+    echo "# the last <rdma> lines of $SERVER_LOG:"
+    grep -F '<rdma>' "$SERVER_LOG" | tail -n 20 | cut -c1-300 | sed 's/^/#   /'
+}
 
 # expect_eq WHAT GOT WANT
 expect_eq() { [ "$2" = "$3" ] || fail "$1: got '$2', want '$3'"; }

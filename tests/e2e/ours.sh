@@ -958,6 +958,10 @@ case_device_removal_unannounced() {
     "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" -r -1 -i 1 INCR n > "$WORK/devrmsilent-c2.out" 2>&1 &
     c2=$!
     wait_until 30 info_is connected_clients 2 || { fail "the two RDMA clients did not connect"; return 1; }
+    # The client on rxe0 is stopped, as a peer that says nothing: valkey-cli would
+    # otherwise see DEVICE_REMOVAL itself and disconnect, and its disconnect could close
+    # the connection before the tick does (a CI run missed the tick's close of it).
+    kill -STOP "$c1"
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmsilent-delete.out" 2>&1 &
     del=$!
     t0=$SECONDS
