@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 
 GROUPS = [  # (group, pattern on the object's file name), first match wins
-    ("module", re.compile(r"(librdma|valkey-rdma|rdma)\.so$")),
+    ("module", re.compile(r"(librdma[-\w]*|valkey-rdma|rdma)\.so$")),
     ("rdma-core", re.compile(r"(libibverbs|librdmacm|-rdmav\d+)\.so")),
     ("libc", re.compile(r"/libc\.so")),
     ("valkey-server", re.compile(r"valkey-server$")),
