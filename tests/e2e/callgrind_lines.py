@@ -7,8 +7,8 @@ lines). Each instruction's address is mapped to its source, through the inlining
 (addr2line -i), and its count charged to the innermost line of our own code (src/...);
 divided by the commands the server ran in the dump (its calls of processCommand).
 
-Prints the module's instructions per request by file (std's Mutex lock and unlock counted
-apart) and, with FUNCTION (a substring of a function's name), by line of that function.
+Prints the module's instructions per request by file (std's Mutex lock and unlock, and the
+catch_unwind of the edge's guard, counted apart by the innermost frame) and, with FUNCTION (a substring of a function's name), by line of that function.
 """
 import re
 import subprocess
@@ -71,6 +71,23 @@ def ours(chain):
     return None
 
 
+def std_share(chain):
+    """The std part an instruction is charged to, by the innermost frame that says whose it
+    is (a frame further out names only a caller: our code inlined into the edge's `guard`
+    is ours), or None: std's Mutex (its compare-and-swap, the poison flag and the panic
+    count it reads, the release), or the `catch_unwind` of the edge's guard."""
+    for fn, loc in chain:
+        if re.search(r"sync/mutex|sync/poison|mutex/futex", loc):
+            return "std Mutex lock and unlock"
+        if re.search(r"panic_count|thread::panicking|core::sync::atomic", fn):
+            continue  # a helper: whose it is, the frame that called it says
+        if re.search(r"catch_unwind|panicking::try|__rust_try", fn):
+            return "std catch_unwind (the edge's guard)"
+        if ours([(fn, loc)]):
+            return None
+    return None
+
+
 def main():
     path, so = sys.argv[1], sys.argv[2]
     want = sys.argv[3] if len(sys.argv) > 3 else ""
@@ -83,10 +100,10 @@ def main():
     by_key = defaultdict(int)
     for addr, ir in by_addr.items():
         chain = chains.get(addr, [])
-        files = " ".join(loc for _, loc in chain)
         line = ours(chain)
-        if re.search(r"sync/mutex|sync/poison|panicking\.rs|mutex/futex", files):
-            key = "std Mutex lock and unlock"
+        std_part = std_share(chain)
+        if std_part:
+            key = std_part
         elif want:
             key = line or "(std) " + (chain[0][1] if chain else "?")
         else:

@@ -17,13 +17,18 @@ C_MODULE=$VALKEY_912/src/valkey-rdma.so
 mkdir -p "$OUT/callgrind"
 VG_PREFIX=/dev/shm/valkey-rdma-vgdb   # vgdb maps shared memory: tmpfs (the guest has no writable /tmp)
 
-# WORKLOADS: name and valkey-benchmark arguments; GETs read keys a SET filled first
+# WORKLOADS: name and valkey-benchmark arguments; GETs read keys a SET filled first: 64 B
+# at 4 and 32 connections, with and without a pipeline; 4 KiB; and a
+# reply of several blocks (64 KiB: the server's reply list, written with writev)
 WORKLOADS=(
     "get-64B-c4-P1|-c 4 -P 1 -d 64 -t get"
     "set-64B-c4-P1|-c 4 -P 1 -d 64 -t set"
     "get-64B-c4-P16|-c 4 -P 16 -d 64 -t get"
     "get-4KiB-c2-P1|-c 2 -P 1 -d 4096 -t get"
     "set-4KiB-c2-P1|-c 2 -P 1 -d 4096 -t set"
+    "set-64B-c32-P1|-c 32 -P 1 -d 64 -t set"
+    "get-64B-c32-P16|-c 32 -P 16 -d 64 -t get"
+    "get-64KiB-c2-P1|-c 2 -P 1 -d 65536 -t get"
 )
 
 measure_impl() {  # IMPL MODULE: one server under callgrind, every workload against it
