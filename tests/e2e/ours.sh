@@ -958,9 +958,10 @@ case_device_removal_unannounced() {
     "$CLI912" --rdma -h "$SECOND_ADDR" -p "$PORT" -r -1 -i 1 INCR n > "$WORK/devrmsilent-c2.out" 2>&1 &
     c2=$!
     wait_until 30 info_is connected_clients 2 || { fail "the two RDMA clients did not connect"; return 1; }
-    # The client on rxe0 is stopped, as a peer that says nothing: valkey-cli would
-    # otherwise see DEVICE_REMOVAL itself and disconnect, and its disconnect could close
-    # the connection before the tick does (a CI run missed the tick's close of it).
+    # The client on rxe0 is stopped, so that valkey-cli does not disconnect on its own
+    # DEVICE_REMOVAL. Its kernel still may: ucma destroys a client's id on DEVICE_REMOVAL
+    # by itself, and that id's disconnect can reach the server before the tick (a CI run
+    # of 007d244 saw the tick find 0 connections left on rxe0).
     kill -STOP "$c1"
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmsilent-delete.out" 2>&1 &
     del=$!
@@ -968,8 +969,14 @@ case_device_removal_unannounced() {
     wait_until 20 log_has "RDMA: device rxe0 is no longer listed, yet no removal event came for it: handling it as removed" \
         || { blocked_in_kernel; fail "the module did not notice the unlisted device"; return 1; }
     note "noticed $((SECONDS - t0)) s after the delete began"
-    log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it" || { fail "the connection on rxe0 was not closed"; return 1; }
     wait_until 20 info_is connected_clients 1 || { fail "connected_clients $(rdma_info connected_clients), want 1: the one on rxe9"; return 1; }
+    if log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it"; then
+        note "the tick closed the connection on rxe0"
+    elif log_has "RDMA: device rxe0 removed: closing the 0 connection(s) on it"; then
+        note "the connection on rxe0 was closed by the peer's disconnect before the tick (its kernel closes the id on removal)"
+    else
+        fail "no log line for the removal with the count of its connections"; return 1
+    fi
     wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
         || { fail "the removed device's resources are not released"; return 1; }
     expect_eq "rdma_listeners_down (the listener on rxe0's address)" "$(rdma_info listeners_down)" 1 || return 1
