@@ -9,7 +9,9 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
 use super::stats;
@@ -227,7 +229,7 @@ impl RdmaConnection {
     /// consult no postpone mask: the mask is handed over by [`lock`](Self::lock),
     /// before each decision about handlers or the pending list.
     fn lock_for_data(&self) -> MutexGuard<'_, Inner> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     pub(crate) fn peer_name(&self) -> String {
@@ -682,7 +684,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn serial() -> MutexGuard<'static, ()> {
-        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+        SERIAL.lock()
     }
 
     /// A live connection (as `listener.rs` makes it live), ESTABLISHED, with `unread`

@@ -70,7 +70,7 @@ impl Counts {
 }
 
 fn with<R>(f: impl FnOnce(&mut Counts) -> R) -> R {
-    f(super::lock(&super::MODULE.handshakes).get_or_insert_with(Counts::default))
+    f(super::MODULE.handshakes.lock().get_or_insert_with(Counts::default))
 }
 
 /// A connection's place among those in the handshake, given back when it is dropped

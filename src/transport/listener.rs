@@ -11,13 +11,15 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::connection::{self, RdmaConnection};
 use super::knobs::{self, Knob};
 use super::stats::{self, CmEnd, Rejected};
 use super::MODULE;
-use super::{global, live, lock, pinned_ceiling_hint, HostedConn, CONN_EVENTS_KEY};
+use super::{global, live, pinned_ceiling_hint, HostedConn, CONN_EVENTS_KEY};
 use crate::config::BindAddr;
 use crate::server::{symbols, Hosted};
 use crate::verbs::{self, CmEvent, CmId, ConnParams, EndpointConfig, EventChannel, VerbsError, VerbsOp};
@@ -33,7 +35,7 @@ struct ListenEndpoint {
 
 impl ListenEndpoint {
     fn is_down(&self) -> bool {
-        lock(&self.id).is_none()
+        self.id.lock().is_none()
     }
 }
 
@@ -160,7 +162,7 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
         log::warn!("RDMA: none of the bind addresses could be used; set rdma-bind to an address of an RDMA device");
         return false;
     }
-    let mut reg = lock(&MODULE.listeners.listening);
+    let mut reg = MODULE.listeners.listening.lock();
     let reg = reg.get_or_insert_with(HashMap::new);
     listener.count = made.len() as c_int;
     for (i, ep) in made.into_iter().enumerate() {
@@ -173,7 +175,7 @@ pub(crate) fn listen(listener: &mut crate::server::abi::ConnListener) -> bool {
 
 /// (listening endpoints, those of them down) now (for INFO).
 pub(crate) fn listening_count() -> (usize, usize) {
-    let reg = lock(&MODULE.listeners.listening);
+    let reg = MODULE.listeners.listening.lock();
     let Some(r) = reg.as_ref() else { return (0, 0) };
     (r.len(), r.values().filter(|ep| ep.is_down()).count())
 }
@@ -181,14 +183,17 @@ pub(crate) fn listening_count() -> (usize, usize) {
 /// Listens again on each listening address that is down (from the module's tick): the
 /// device or the address may be back. Quiet while it is not.
 pub(crate) fn listen_again() {
-    let down: Vec<Arc<ListenEndpoint>> = lock(&MODULE.listeners.listening)
+    let down: Vec<Arc<ListenEndpoint>> = MODULE
+        .listeners
+        .listening
+        .lock()
         .as_ref()
         .map(|r| r.values().filter(|ep| ep.is_down()).cloned().collect())
         .unwrap_or_default();
     for ep in down {
         match listen_on(&ep.channel, &ep.addr) {
             Ok(id) => {
-                *lock(&ep.id) = Some(id);
+                *ep.id.lock() = Some(id);
                 stats::add(&MODULE.stats.relistens, 1);
                 log::info!("RDMA: listening on {} again", ep.addr);
             }
@@ -206,10 +211,13 @@ fn dropped_by_knob(event: &CmEvent) -> bool {
 /// Every listener whose id is on `device` loses it as at DEVICE_REMOVAL (the device left
 /// sysfs without one, `removal::unannounced`).
 pub(crate) fn device_unlisted(device: verbs::DeviceKey) {
-    let on_it: Vec<Arc<ListenEndpoint>> = lock(&MODULE.listeners.listening)
+    let on_it: Vec<Arc<ListenEndpoint>> = MODULE
+        .listeners
+        .listening
+        .lock()
         .iter()
         .flat_map(|r| r.values())
-        .filter(|ep| lock(&ep.id).as_ref().and_then(verbs::DeviceKey::of) == Some(device))
+        .filter(|ep| ep.id.lock().as_ref().and_then(verbs::DeviceKey::of) == Some(device))
         .cloned()
         .collect();
     for ep in on_it {
@@ -221,7 +229,7 @@ pub(crate) fn device_unlisted(device: verbs::DeviceKey) {
 /// device's resources must all go), the channel stays watched, and [`listen_again`]
 /// brings it back.
 fn listener_lost(ep: &ListenEndpoint, removal: bool) {
-    let Some(id) = lock(&ep.id).take() else { return };
+    let Some(id) = ep.id.lock().take() else { return };
     let (device, name) = (verbs::DeviceKey::of(&id), verbs::device_name(&id));
     drop(id);
     if removal {
@@ -243,7 +251,7 @@ fn binds_optional(binds: &[BindAddr], a: &SocketAddr) -> bool {
 }
 
 fn current_addrs(listener: &crate::server::abi::ConnListener) -> Vec<SocketAddr> {
-    let reg = lock(&MODULE.listeners.listening);
+    let reg = MODULE.listeners.listening.lock();
     (0..listener.count.max(0) as usize).filter_map(|i| reg.as_ref()?.get(&listener.fd[i]).map(|e| e.addr)).collect()
 }
 
@@ -266,13 +274,13 @@ fn listen_on(channel: &EventChannel, addr: &SocketAddr) -> Result<CmId, VerbsErr
 /// `ct->closeListener`: unregister the fds from the event loop (the server registered
 /// them) and release the endpoints. Live connections are not affected.
 pub(crate) fn close_listener(listener: &mut crate::server::abi::ConnListener) {
-    let mut reg = lock(&MODULE.listeners.listening);
+    let mut reg = MODULE.listeners.listening.lock();
     for i in 0..listener.count.max(0) as usize {
         let fd = listener.fd[i];
         let Some(ep) = reg.as_mut().and_then(|r| r.remove(&fd)) else { continue };
         if !symbols::unwatch_listener_fd(fd) {
             log::debug!("RDMA: listener fd {fd} kept open until the server's event loop is known");
-            lock(&MODULE.listeners.retired).get_or_insert_with(HashMap::new).insert(fd, ep.clone());
+            MODULE.listeners.retired.lock().get_or_insert_with(HashMap::new).insert(fd, ep.clone());
         }
         log::info!("RDMA: stopped listening on {}", ep.addr);
         listener.fd[i] = -1;
@@ -286,7 +294,7 @@ pub(crate) fn on_listener_events(fd: c_int) {
     // Now the loop is known: unwatch every retired listener, then close it (rejecting
     // what is queued on it).
     let retired: Vec<(c_int, Arc<ListenEndpoint>)> =
-        lock(&MODULE.listeners.retired).as_mut().map(|r| r.drain().collect()).unwrap_or_default();
+        MODULE.listeners.retired.lock().as_mut().map(|r| r.drain().collect()).unwrap_or_default();
     if !retired.is_empty() {
         for (rfd, _) in &retired {
             symbols::unwatch_listener_fd(*rfd);
@@ -298,7 +306,7 @@ pub(crate) fn on_listener_events(fd: c_int) {
             return;
         }
     }
-    let Some(ep) = lock(&MODULE.listeners.listening).as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
+    let Some(ep) = MODULE.listeners.listening.lock().as_ref().and_then(|r| r.get(&fd).cloned()) else { return };
     for _ in 0..global().accepts_per_cycle {
         let event = match ep.channel.next_event() {
             Ok(Some(e)) => e,

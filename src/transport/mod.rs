@@ -29,7 +29,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_int;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use crate::config::Settings;
@@ -108,10 +110,6 @@ pub(crate) fn pinned_ceiling_hint() -> String {
     )
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 /// Connection keys (addresses) and QP numbers come from this process and its device,
 /// never from a peer: a hash that does not resist chosen keys is safe for them, and
 /// costs a multiply where SipHash costs rounds. (The multiply-rotate of rustc's FxHash,
@@ -149,19 +147,19 @@ pub(crate) mod live {
     use super::*;
 
     pub(crate) fn insert(c: &Arc<HostedConn>) {
-        lock(&MODULE.live).get_or_insert_with(HashMap::default).insert(c.key(), c.clone());
+        MODULE.live.lock().get_or_insert_with(HashMap::default).insert(c.key(), c.clone());
     }
     pub(crate) fn remove(c: &HostedConn) {
-        if let Some(m) = lock(&MODULE.live).as_mut() {
+        if let Some(m) = MODULE.live.lock().as_mut() {
             m.remove(&c.key());
         }
     }
     pub(crate) fn get(key: usize) -> Option<Arc<HostedConn>> {
-        lock(&MODULE.live).as_ref()?.get(&key).cloned()
+        MODULE.live.lock().as_ref()?.get(&key).cloned()
     }
     /// [`get`] of each key, in order, into `out` (cleared first), under one lock.
     pub(crate) fn snapshot() -> Vec<Arc<HostedConn>> {
-        lock(&MODULE.live).as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        MODULE.live.lock().as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 }
 
@@ -177,7 +175,7 @@ pub(crate) mod pending {
     static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
     fn with<T>(f: impl FnOnce(&mut KeyedQueue<Arc<HostedConn>>) -> T) -> T {
-        let mut p = lock(&MODULE.pending);
+        let mut p = MODULE.pending.lock();
         let q = p.get_or_insert_with(KeyedQueue::default);
         let r = f(q);
         QUEUED.store(q.len(), Ordering::Relaxed);
@@ -288,7 +286,7 @@ pub(crate) fn log_limited_at(level: log::Level, msg: std::fmt::Arguments) {
     if level > log::max_level() {
         return;
     }
-    let admitted = lock(&MODULE.log_limit).admit(Instant::now());
+    let admitted = MODULE.log_limit.lock().admit(Instant::now());
     match admitted {
         None => {}
         Some(0) => log::log!(level, "{msg}"),

@@ -8,9 +8,10 @@
 //! devices serve on throughout (docs/operator-guide.md, "When a device goes away").
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
-use super::{connection, live, lock, shared_cqs, stats, MODULE};
+use parking_lot::Mutex;
+
+use super::{connection, live, shared_cqs, stats, MODULE};
 use crate::verbs::{self, DeviceKey};
 
 /// Removed devices whose resources are still being released.
@@ -37,7 +38,7 @@ impl Removals {
 /// closes every live connection on it, with one log line for all.
 pub(crate) fn device_removed(device: DeviceKey, name: &str) {
     {
-        let mut removed = lock(&MODULE.removals.devices);
+        let mut removed = MODULE.removals.devices.lock();
         if removed.iter().any(|r| r.device == device) {
             return;
         }
@@ -66,7 +67,7 @@ pub(crate) fn device_removed(device: DeviceKey, name: &str) {
 /// ([`device_removed`]), and [`release_finished`] lets go of the rest.
 pub(crate) fn unannounced() -> Vec<(DeviceKey, String)> {
     let mut found = verbs::unlisted_devices();
-    found.retain(|(device, _)| !lock(&MODULE.removals.devices).iter().any(|r| r.device == *device));
+    found.retain(|(device, _)| !MODULE.removals.devices.lock().iter().any(|r| r.device == *device));
     for (_, name) in &found {
         log::warn!("RDMA: device {name} is no longer listed, yet no removal event came for it: handling it as removed");
     }
@@ -82,7 +83,7 @@ pub(crate) fn release_finished() {
         return;
     }
     let live = live::snapshot();
-    let mut removed = lock(&MODULE.removals.devices);
+    let mut removed = MODULE.removals.devices.lock();
     for r in removed.iter_mut() {
         if r.cqs_forgotten || live.iter().any(|c| c.inner.device == Some(r.device)) {
             continue;
@@ -108,5 +109,5 @@ pub(crate) fn release_finished() {
 /// (device, whether its CQs are forgotten) of each removal still in progress.
 #[cfg(test)]
 pub(crate) fn in_progress() -> Vec<(DeviceKey, bool)> {
-    lock(&MODULE.removals.devices).iter().map(|r| (r.device, r.cqs_forgotten)).collect()
+    MODULE.removals.devices.lock().iter().map(|r| (r.device, r.cqs_forgotten)).collect()
 }

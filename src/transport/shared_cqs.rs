@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use super::knobs::{self, Knob};
 use super::stats;
 use super::MODULE;
-use super::{lock, log_limited, AddressHash, HostedConn, RdmaConnection};
+use super::{log_limited, AddressHash, HostedConn, RdmaConnection};
 use crate::server::api::FdWatch;
 use crate::verbs::{
     CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
@@ -76,7 +76,7 @@ impl Shared {
 /// The channel (by index) whose fd is watched with `key`, if `key` is one of ours.
 pub(crate) fn channel_of_key(key: usize) -> Option<usize> {
     let i = key.checked_sub(FIRST_KEY)?;
-    (i < lock(&MODULE.shared_cqs).channels.len()).then_some(i)
+    (i < MODULE.shared_cqs.lock().channels.len()).then_some(i)
 }
 
 /// Builds the endpoint of a new connection on a shared CQ with room for it (made and
@@ -88,12 +88,12 @@ pub(crate) fn endpoint(
     d: &mut impl Delivery,
 ) -> (Result<Endpoint, VerbsError>, Option<usize>) {
     let cqes = QueueDepths::DEFAULT.cqes();
-    let found = lock(&MODULE.shared_cqs).cqs.iter().position(|cq| cq.as_ref().is_some_and(|q| q.fits(&id, cqes)));
+    let found = MODULE.shared_cqs.lock().cqs.iter().position(|cq| cq.as_ref().is_some_and(|q| q.fits(&id, cqes)));
     let index = match found {
         Some(i) => Some(i),
         None => add_cq(&id, cfg),
     };
-    let cq = index.and_then(|i| lock(&MODULE.shared_cqs).cqs[i].clone());
+    let cq = index.and_then(|i| MODULE.shared_cqs.lock().cqs[i].clone());
     let (Some(i), Some(cq)) = (index, cq) else { return (Endpoint::new(id, cfg), None) };
     if cq.has_retired() {
         // A closed connection's completions may still be queued: look once, so that its
@@ -109,7 +109,7 @@ pub(crate) fn endpoint(
 /// A new shared CQ on the device of `id`, watched by the event loop; `None` when it
 /// cannot be made (the connection then gets a CQ of its own).
 fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
-    let mut s = lock(&MODULE.shared_cqs);
+    let mut s = MODULE.shared_cqs.lock();
     let i = s.cqs.len();
     if i >= MAX_CQS {
         return None;
@@ -159,14 +159,14 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
 
 /// The connection `c` owns QP `qp_num` on CQ `cq`: its completions go to it.
 pub(crate) fn register(cq: usize, qp_num: u32, c: &Arc<HostedConn>) {
-    if let Some(o) = lock(&MODULE.shared_cqs).owners.get_mut(cq) {
+    if let Some(o) = MODULE.shared_cqs.lock().owners.get_mut(cq) {
         o.insert(qp_num, Arc::downgrade(c));
     }
 }
 
 /// The connection is closed: its completions are dropped from now on.
 pub(crate) fn unregister(cq: usize, qp_num: u32) {
-    if let Some(o) = lock(&MODULE.shared_cqs).owners.get_mut(cq) {
+    if let Some(o) = MODULE.shared_cqs.lock().owners.get_mut(cq) {
         o.remove(&qp_num);
     }
 }
@@ -185,12 +185,12 @@ pub(crate) trait Delivery {
 /// The fd of channel `channel` fired: each CQ it names is polled once.
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    let Some(ch) = lock(&MODULE.shared_cqs).channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
+    let Some(ch) = MODULE.shared_cqs.lock().channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
     else {
         return;
     };
     ch.take_events(|cq| {
-        let i = lock(&MODULE.shared_cqs).cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
+        let i = MODULE.shared_cqs.lock().cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
         if let Some(i) = i {
             poll(i, Then::RunHandlers, d);
         }
@@ -234,10 +234,10 @@ pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
     if !any_left() {
         return 0;
     }
-    let cqs = lock(&MODULE.shared_cqs).left.len();
+    let cqs = MODULE.shared_cqs.lock().left.len();
     let mut polled = 0;
     for i in 0..cqs {
-        if lock(&MODULE.shared_cqs).left[i] {
+        if MODULE.shared_cqs.lock().left[i] {
             poll(i, Then::RunHandlers, d);
             polled += 1;
         }
@@ -247,14 +247,14 @@ pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
 
 /// Shared CQs now (INFO).
 pub(crate) fn count() -> usize {
-    lock(&MODULE.shared_cqs).cqs.iter().flatten().count()
+    MODULE.shared_cqs.lock().cqs.iter().flatten().count()
 }
 
 /// Forgets the shared CQs and the completion channel of a removed device: the channel's
 /// fd is no longer watched, and each is destroyed when the last connection on it is
 /// released. Returns how many CQs were forgotten.
 pub(crate) fn forget_device(device: DeviceKey) -> usize {
-    let mut s = lock(&MODULE.shared_cqs);
+    let mut s = MODULE.shared_cqs.lock();
     let mut forgotten = 0;
     for i in 0..s.cqs.len() {
         if s.cqs[i].as_ref().is_some_and(|q| q.device() == device) {
@@ -278,7 +278,7 @@ pub(crate) fn forget_device(device: DeviceKey) -> usize {
 /// (INFO): with `rdma-completion-vector -1` the CQs take the vectors in turn, so that a
 /// NIC's interrupts land on more than one core.
 pub(crate) fn vectors() -> (u64, u64) {
-    let s = lock(&MODULE.shared_cqs);
+    let s = MODULE.shared_cqs.lock();
     let mut used: Vec<i32> = s.cqs.iter().flatten().map(|q| q.vectors().0).collect();
     used.sort_unstable();
     used.dedup();
@@ -290,7 +290,7 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// lock per connection, in arrival order within each; then each of those connections
 /// runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
-    let Some(q) = lock(&MODULE.shared_cqs).cqs.get(cq).cloned().flatten() else { return false };
+    let Some(q) = MODULE.shared_cqs.lock().cqs.get(cq).cloned().flatten() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();
@@ -305,7 +305,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     stats::add(&MODULE.stats.completions, s.polled.len() as u64);
     stats::add(&MODULE.stats.budget_hits, left.into());
     {
-        let mut shared = lock(&MODULE.shared_cqs);
+        let mut shared = MODULE.shared_cqs.lock();
         set_left(&mut shared, cq, left);
         s.routes.route(&shared.owners[cq], &s.polled, Weak::upgrade);
     }

@@ -13,7 +13,9 @@
 //!   clients that stay.
 
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -63,7 +65,7 @@ impl Worker {
     pub(crate) fn submit(&self, job: impl FnOnce() + Send + 'static) {
         let job: Job = Box::new(job);
         let job = match self.jobs.get_or_init(|| self.start()) {
-            Some(tx) => match tx.lock().unwrap_or_else(|p| p.into_inner()).send(job) {
+            Some(tx) => match tx.lock().send(job) {
                 Ok(()) => return,
                 Err(returned) => returned.0,
             },
@@ -83,14 +85,14 @@ impl<T: Send + 'static> Slot<T> {
         let out = Arc::clone(&slot);
         worker.submit(move || {
             let v = make();
-            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+            *out.lock() = Some(v);
         });
         Slot(slot)
     }
 
     /// The result, once the job has finished.
     pub(crate) fn take(&self) -> Option<T> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.0.lock().take()
     }
 }
 

@@ -22,7 +22,8 @@
 //! slot marked again), no registration changes a flag, and a chunk stays one mapping.
 
 use std::ptr::NonNull;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::slots::{ClassSlots, GivenBack, Slot};
 use super::{Result, VerbsError, VerbsOp};
@@ -138,9 +139,9 @@ unsafe impl Send for Arena {}
 
 static ARENA: Mutex<Arena> = Mutex::new(Arena { classes: Vec::new() });
 
-fn lock_arena() -> std::sync::MutexGuard<'static, Arena> {
+fn lock_arena() -> parking_lot::MutexGuard<'static, Arena> {
     // (the arena's state is consistent between statements: a panic cannot leave it torn)
-    ARENA.lock().unwrap_or_else(|e| e.into_inner())
+    ARENA.lock()
 }
 
 /// The class whose slots hold `pages` pages, if one does.

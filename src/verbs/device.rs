@@ -10,7 +10,8 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::resources::CmId;
 
@@ -43,8 +44,8 @@ struct Held {
     name: String,
 }
 
-fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
-    HELD.lock().unwrap_or_else(|p| p.into_inner())
+fn held() -> parking_lot::MutexGuard<'static, Vec<Held>> {
+    HELD.lock()
 }
 
 /// Counts one object on a device from its making to its Drop (a field of the object's

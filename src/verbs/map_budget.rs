@@ -18,8 +18,9 @@
 //! again within [`REMEASURE_AFTER_REFUSAL`] of a refusal unless endpoints went away.
 
 use std::io::Read;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::{Result, VerbsError, VerbsOp};
 
@@ -134,7 +135,7 @@ fn count_maps() -> Option<u64> {
 /// Admits one more endpoint with `live` endpoints already there, or refuses it
 /// (`MapCount`, `ENOMEM`). Where the counts cannot be read, everything is admitted.
 pub(super) fn admit(live: u64) -> Result<()> {
-    let mut g = BUDGET.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = BUDGET.lock();
     let now = Instant::now();
     if g.is_none() {
         let (Some(limit), Some(maps)) = (max_map_count(), count_maps()) else { return Ok(()) };
@@ -181,7 +182,7 @@ pub fn clients_for_maps(limit: u64) -> u64 {
 
 /// The last count: (mappings, `vm.max_map_count`), for log lines.
 pub fn map_count_now() -> Option<(u64, u64)> {
-    BUDGET.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|b| (b.counted, b.limit))
+    BUDGET.lock().as_ref().map(|b| (b.counted, b.limit))
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use rdma_sys::*;
 
@@ -285,7 +287,7 @@ impl SharedCq {
     }
 
     fn budget(&self) -> MutexGuard<'_, CqBudget> {
-        self.budget.lock().unwrap_or_else(|e| e.into_inner())
+        self.budget.lock()
     }
     /// Changes the budget under its lock and keeps the retired count's mirror.
     fn change_budget<R>(&self, f: impl FnOnce(&mut CqBudget) -> R) -> R {
