@@ -90,7 +90,7 @@ extern "C" fn after_fork_in_child() {
 /// which calls `init` at once).
 pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
     macro_rules! table {
-        ($get_type:expr, $connect:expr, $tail:expr) => {
+        ($get_type:expr, $connect:expr, $postpone:expr, $tail:expr) => {
             ConnectionType {
                 get_type: Some($get_type),
                 init: Some(init),
@@ -120,7 +120,7 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
                 sync_readline: Some(sync_io),
                 has_pending_data: Some(has_pending_data::<T>),
                 process_pending_data: Some(process_pending_data::<T>),
-                postpone_update_state: Some(postpone_update_state::<T>),
+                postpone_update_state: Some($postpone),
                 update_state: Some(update_state::<T>),
                 tail: $tail,
             }
@@ -134,11 +134,13 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
         Abi::V8_1 => leak::<ConnectionType81>(table!(
             get_type_81,
             connect_81,
+            postpone_update_state::<T, false>,
             Tail81 { get_peer_cert: None, conn_integrity_checked: None }
         )),
         Abi::V9_1_0 => leak::<ConnectionType910>(table!(
             get_type_9,
             connect_9,
+            postpone_update_state::<T, false>,
             Tail910 { get_peer_cert: None, get_peer_user: None, conn_integrity_checked: None }
         )),
         // `sync_handlers_in_update_state = 0`: our `update_state` only queues work for
@@ -146,6 +148,7 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
         Abi::V9_1_2 => leak::<ConnectionType912>(table!(
             get_type_9,
             connect_9,
+            postpone_update_state::<T, true>,
             Tail912 {
                 sync_handlers_in_update_state: 0,
                 get_peer_cert: None,
@@ -154,7 +157,7 @@ pub(crate) fn register<T: Transport>(abi: Abi) -> Result<(), String> {
             }
         )),
     };
-    super::host::set_registered(abi, table as usize)?;
+    super::host::set_registered(table as usize)?;
     // SAFETY: the table has the layout of this server version (`abi`) and lives forever.
     if unsafe { (super::symbols::get().conn_type_register)(table) } != 0 {
         return Err("connTypeRegister refused the rdma connection type (is valkey-rdma.so loaded too?)".into());
@@ -507,12 +510,15 @@ unsafe extern "C" fn process_pending_data<T: Transport>() -> c_int {
     guard(0, || if in_fork_child() { 0 } else { T::process_pending() as c_int })
 }
 
-unsafe extern "C" fn postpone_update_state<T: Transport>(c: *mut Connection, arg: c_int) {
+/// `MASK`: the table is 9.1.2's, whose second argument is a mask (a boolean before):
+/// chosen when the table is built, so that the call, twice per request, does not ask.
+unsafe extern "C" fn postpone_update_state<T: Transport, const MASK: bool>(c: *mut Connection, arg: c_int) {
     guard((), || {
         if in_fork_child() {
             return;
         }
-        let mask = Postpone::from_mask(super::host::registered_abi().postpone_mask(arg));
+        let abi = if MASK { Abi::V9_1_2 } else { Abi::V8_1 };
+        let mask = Postpone::from_mask(abi.postpone_mask(arg));
         // SAFETY: see above.
         T::postpone(unsafe { Hosted::<T>::from_server(c) }, mask)
     })

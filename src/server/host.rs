@@ -13,29 +13,21 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use super::abi::{Abi, ConnHandler, Connection, IOV_MAX};
+use super::abi::{ConnHandler, Connection, IOV_MAX};
 
 /// The connection type table registered with the server (`conntype.rs`): the `type`
-/// of every connection made here, and the layout it was built for.
-struct Registered {
-    abi: Abi,
-    table: usize,
-}
-static REGISTERED: OnceLock<Registered> = OnceLock::new();
+/// of every connection made here (its layout is the server's, and its functions know
+/// it).
+static REGISTERED: OnceLock<usize> = OnceLock::new();
 
 /// Records the table `conntype::register` built (once).
-pub(super) fn set_registered(abi: Abi, table: usize) -> Result<(), String> {
-    REGISTERED.set(Registered { abi, table }).map_err(|_| "the rdma connection type is registered already".to_string())
+pub(super) fn set_registered(table: usize) -> Result<(), String> {
+    REGISTERED.set(table).map_err(|_| "the rdma connection type is registered already".to_string())
 }
 
 /// The registered table, null before registration.
 fn table_ptr() -> *const c_void {
-    REGISTERED.get().map_or(std::ptr::null(), |r| r.table as *const c_void)
-}
-
-/// The server's layout the table was built for (9.1.2's before registration).
-pub(super) fn registered_abi() -> Abi {
-    REGISTERED.get().map_or(Abi::V9_1_2, |r| r.abi)
+    REGISTERED.get().map_or(std::ptr::null(), |&t| t as *const c_void)
 }
 
 /// The server's handlers a connection type calls (connection.h).

@@ -292,6 +292,7 @@ fn report_failure(c: &HostedConn, f: Failure) {
 
 /// `read`: copies unread bytes out of the RX buffer; `None` is "nothing now", EOF or
 /// an error, which the state published tells apart (docs/server-abi.md §4.2).
+#[inline]
 pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let mut g = c.inner.lock_for_data();
     let inner = &mut *g;
@@ -309,6 +310,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
 /// the peer (a chain of work requests over the TX chunks, docs/protocol.md §4.3).
 /// `Some(0)`: nothing now (a completion reopens the window); `None`: the connection is
 /// over.
+#[inline]
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
     let mut g = c.inner.lock_for_data();
@@ -352,6 +354,7 @@ pub(crate) fn process_completions(c: &HostedConn) {
 pub(crate) struct ToConnections;
 
 impl super::shared_cqs::Delivery for ToConnections {
+    #[inline]
     fn completions(&mut self, c: &Arc<HostedConn>, wcs: &[WorkCompletion]) {
         on_shared_completions(c, wcs)
     }

@@ -338,9 +338,11 @@ impl Transport for RdmaConnection {
     fn accept(c: &Arc<HostedConn>) -> bool {
         connection::accept(c)
     }
+    #[inline]
     fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
         connection::read(c, buf)
     }
+    #[inline]
     fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
         connection::write(c, parts)
     }

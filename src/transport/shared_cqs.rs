@@ -344,19 +344,15 @@ impl Scratch {
         // process events while it blocks (a long script), and a poll nested there must
         // find nothing of this one still undelivered, or a connection would see later
         // bytes first.
-        self.routes.handler_order(&mut self.order);
         for (g, group) in self.routes.groups.iter().enumerate() {
             if let Some(c) = &group.owner {
-                d.completions(c, self.routes.completions_of(g));
+                d.completions(c, self.routes.completions_of(g, &self.polled));
             }
         }
-        for &g in &self.order {
-            let Some(c) = self.routes.groups[g].owner.take() else { continue };
-            match then {
-                Then::RunHandlers => d.run(&c),
-                Then::Queue => d.queue(&c),
-            }
-        }
+        self.routes.take_in_handler_order(&mut self.order, |c| match then {
+            Then::RunHandlers => d.run(&c),
+            Then::Queue => d.queue(&c),
+        });
     }
 
     /// `routes` and `order` are cleared where they are filled (and the routes' groups
@@ -370,7 +366,7 @@ impl Scratch {
 
 /// Groups up to this many are found by a scan of the groups; beyond, by a table.
 const SCANNED_GROUPS: usize = 8;
-/// `Routes::group_of_wc` of a completion whose QP has no owner.
+/// The group of a completion whose QP has no owner.
 const NO_GROUP: u32 = u32::MAX;
 
 /// One poll's completions by the connection that owns their QP: `groups` in the order
@@ -378,22 +374,29 @@ const NO_GROUP: u32 = u32::MAX;
 /// `T` is the owner (the connection; a plain key in the tests), resolved once per group.
 struct Routes<T> {
     groups: Vec<Group<T>>,
-    /// The completions, group after group: group `g`'s end where group `g + 1`'s begin.
+    /// Whether the poll's completions came group after group, none dropped (the usual
+    /// case): each group's are then a slice of the poll's, and `by_group` is not filled.
+    in_order: bool,
+    /// Whether the groups that received got their first receive in group order (the
+    /// usual case): [`Routes::handler_order`] is then the receivers backwards, then the
+    /// rest.
+    receivers_in_group_order: bool,
+    /// Unless `in_order`: the completions, group after group (group `g`'s end where
+    /// group `g + 1`'s begin).
     by_group: Vec<WorkCompletion>,
-    /// Per completion of the poll: its group, or [`NO_GROUP`].
-    group_of_wc: Vec<u32>,
     /// QP number → its group, once there are more than [`SCANNED_GROUPS`].
     group_of_qp: HashMap<u32, usize, AddressHash>,
     /// For `handler_order`: (first receive, group) of the groups that received.
-    receivers: Vec<(usize, usize)>,
+    receivers: Vec<(u32, usize)>,
 }
 
 impl<T> Default for Routes<T> {
     fn default() -> Self {
         Routes {
             groups: Vec::new(),
+            in_order: true,
+            receivers_in_group_order: true,
             by_group: Vec::new(),
-            group_of_wc: Vec::new(),
             group_of_qp: HashMap::default(),
             receivers: Vec::new(),
         }
@@ -406,16 +409,16 @@ struct Group<T> {
     owner: Option<T>,
     qp: u32,
     /// Where its first receive came in the poll, if it had one.
-    first_receive: Option<usize>,
-    /// How many completions it has, then where they end in `Routes::by_group`.
-    end: usize,
+    first_receive: Option<u32>,
+    /// How many completions it has, then where they end (in the poll's completions when
+    /// [`Routes::in_order`], else in `Routes::by_group`).
+    end: u32,
 }
 
 impl<T> Routes<T> {
     fn clear(&mut self) {
         self.groups.clear();
         self.by_group.clear();
-        self.group_of_wc.clear();
         if !self.group_of_qp.is_empty() {
             self.group_of_qp.clear();
         }
@@ -436,6 +439,9 @@ impl<T> Routes<T> {
         // Whether the completions already come group after group (each connection's in
         // one run, none dropped): the usual case, one completion per connection.
         let mut in_order = true;
+        // The group that got the latest first receive, and whether each such group came
+        // after the one before.
+        let (mut last_receiver, mut receivers_in_group_order) = (None, true);
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
             let g = if qp == last.0 {
@@ -444,16 +450,18 @@ impl<T> Routes<T> {
                 let g = self.group_of(owners, qp, &resolve);
                 // a new run must be a new group, the one made last
                 in_order &= g != NO_GROUP && g as usize + 1 == self.groups.len();
+                last = (qp, g);
                 g
             };
-            last = (qp, g);
-            self.group_of_wc.push(g);
             let Some(group) = self.groups.get_mut(g as usize) else { continue };
             group.end += 1;
-            if wc.is_receive() {
-                group.first_receive.get_or_insert(i);
+            if wc.is_receive() && group.first_receive.is_none() {
+                group.first_receive = Some(i as u32);
+                receivers_in_group_order &= last_receiver.is_none_or(|r| g > r);
+                last_receiver = Some(g);
             }
         }
+        (self.in_order, self.receivers_in_group_order) = (in_order, receivers_in_group_order);
         if in_order {
             // counts → where each group ends; the completions stay as they came
             let mut at = 0;
@@ -461,7 +469,6 @@ impl<T> Routes<T> {
                 at += group.end;
                 group.end = at;
             }
-            self.by_group.extend_from_slice(wcs);
             return;
         }
         // counts → where each group starts, then each completion to its place (each
@@ -471,27 +478,35 @@ impl<T> Routes<T> {
             (group.end, at) = (at, at + group.end);
         }
         let Some(&filler) = wcs.first() else { return };
-        self.by_group.resize(at, filler);
-        for (wc, &g) in wcs.iter().zip(&self.group_of_wc) {
-            if let Some(group) = self.groups.get_mut(g as usize) {
-                self.by_group[group.end] = *wc;
+        self.by_group.resize(at as usize, filler);
+        let mut last = (NO_GROUP, None);
+        for wc in wcs {
+            let qp = wc.qp_num();
+            let g = if qp == last.0 { last.1 } else { self.find_group(qp) };
+            last = (qp, g);
+            if let Some(group) = g.and_then(|g| self.groups.get_mut(g)) {
+                self.by_group[group.end as usize] = *wc;
                 group.end += 1;
             }
         }
     }
 
+    /// The group this poll made for QP `qp`, if any: a scan of a few, or the table.
+    #[inline(always)]
+    fn find_group(&mut self, qp: u32) -> Option<usize> {
+        if self.groups.len() <= SCANNED_GROUPS {
+            return self.groups.iter().position(|g| g.qp == qp);
+        }
+        if self.group_of_qp.is_empty() {
+            self.group_of_qp.extend(self.groups.iter().enumerate().map(|(g, group)| (group.qp, g)));
+        }
+        self.group_of_qp.get(&qp).copied()
+    }
+
     /// The group of QP `qp` in this poll, made when it is the first completion of its
     /// QP; [`NO_GROUP`] when no connection owns it.
     fn group_of<O>(&mut self, owners: &OwnerMap<O>, qp: u32, resolve: impl Fn(&O) -> Option<T>) -> u32 {
-        let found = if self.groups.len() <= SCANNED_GROUPS {
-            self.groups.iter().position(|g| g.qp == qp)
-        } else {
-            if self.group_of_qp.is_empty() {
-                self.group_of_qp.extend(self.groups.iter().enumerate().map(|(g, group)| (group.qp, g)));
-            }
-            self.group_of_qp.get(&qp).copied()
-        };
-        if let Some(g) = found {
+        if let Some(g) = self.find_group(qp) {
             return g as u32;
         }
         let Some(owner) = owners.get(&qp).and_then(resolve) else { return NO_GROUP };
@@ -503,9 +518,34 @@ impl<T> Routes<T> {
         g as u32
     }
 
-    fn completions_of(&self, g: usize) -> &[WorkCompletion] {
-        let start = if g == 0 { 0 } else { self.groups[g - 1].end };
-        &self.by_group[start..self.groups[g].end]
+    /// Group `g`'s completions; `wcs` are the poll's, as routed.
+    fn completions_of<'a>(&'a self, g: usize, wcs: &'a [WorkCompletion]) -> &'a [WorkCompletion] {
+        let start = if g == 0 { 0 } else { self.groups[g - 1].end as usize };
+        let all = if self.in_order { wcs } else { &self.by_group };
+        &all[start..self.groups[g].end as usize]
+    }
+
+    /// Takes each group's owner out, in [`handler_order`](Self::handler_order), and
+    /// hands it to `f`. In the usual poll (the receivers got their first receive in
+    /// group order) that order is the receivers backwards, then the rest as they came:
+    /// walked without building it.
+    fn take_in_handler_order(&mut self, order: &mut Vec<usize>, mut f: impl FnMut(T)) {
+        if self.receivers_in_group_order {
+            let groups = &mut self.groups;
+            for g in (0..groups.len()).rev() {
+                if groups[g].first_receive.is_some() {
+                    groups[g].owner.take().map(&mut f);
+                }
+            }
+            for group in groups.iter_mut() {
+                group.owner.take().map(&mut f);
+            }
+            return;
+        }
+        self.handler_order(order);
+        for &g in order.iter() {
+            self.groups[g].owner.take().map(&mut f);
+        }
     }
 
     /// The order in which the connections of one poll run their handlers (indices into
@@ -532,7 +572,7 @@ impl<T> Routes<T> {
         // Groups are made in the order their connections first appear, so their first
         // receives usually come in group order too: then the receivers are the groups
         // backwards, with no sort.
-        let mut before = usize::MAX;
+        let mut before = u32::MAX;
         let mut sorted = true;
         for (g, group) in groups.iter().enumerate().rev() {
             if let Some(first) = group.first_receive {
@@ -564,9 +604,11 @@ mod tests {
         pairs.iter().copied().collect()
     }
 
-    fn routed(routes: &Routes<usize>) -> Vec<(usize, Vec<u64>)> {
+    fn routed(routes: &Routes<usize>, wcs: &[WorkCompletion]) -> Vec<(usize, Vec<u64>)> {
         (0..routes.groups.len())
-            .map(|g| (routes.groups[g].owner.unwrap(), routes.completions_of(g).iter().map(|wc| wc.wr_id()).collect()))
+            .map(|g| {
+                (routes.groups[g].owner.unwrap(), routes.completions_of(g, wcs).iter().map(|wc| wc.wr_id()).collect())
+            })
             .collect()
     }
 
@@ -636,12 +678,13 @@ mod tests {
             .collect();
         let mut routes = Routes::default();
         routes.route(&owners, &wcs, |k| Some(*k));
-        assert_eq!(routed(&routes), vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
+        assert_eq!(routed(&routes, &wcs), vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
         // A kept scratch routes the next poll afresh.
         routes.route(&owners, &wcs[4..], |k| Some(*k));
-        assert_eq!(routed(&routes), vec![(0xa040, vec![5]), (0xa000, vec![6])]);
-        routes.route(&owners, &[WorkCompletion::received(99, 7)], |k| Some(*k));
-        assert_eq!(routed(&routes), vec![]);
+        assert_eq!(routed(&routes, &wcs[4..]), vec![(0xa040, vec![5]), (0xa000, vec![6])]);
+        let gone = [WorkCompletion::received(99, 7)];
+        routes.route(&owners, &gone, |k| Some(*k));
+        assert_eq!(routed(&routes, &gone), vec![]);
     }
 
     /// What routing must give: (owner, wr_ids) in the order each owner first appears.
@@ -669,7 +712,7 @@ mod tests {
                     qps.iter().enumerate().map(|(i, &qp)| WorkCompletion::received(qp, i as u64)).collect();
                 let want = plain_grouping(&owners, &wcs);
                 routes.route(&owners, &wcs, |k| Some(*k));
-                assert_eq!(routed(&routes), want, "qps {qps:?}");
+                assert_eq!(routed(&routes, &wcs), want, "qps {qps:?}");
             }
         }
     }
@@ -693,7 +736,7 @@ mod tests {
                     .collect();
                 let want = plain_grouping(&owners, &wcs);
                 routes.route(&owners, &wcs, |k| Some(*k));
-                assert_eq!(routed(&routes), want, "{len} completions");
+                assert_eq!(routed(&routes, &wcs), want, "{len} completions");
                 if len >= 64 {
                     assert!(routes.groups.len() > SCANNED_GROUPS, "the table was not reached");
                 }
@@ -750,6 +793,11 @@ mod tests {
                 routes.route(&owners, &wcs, |k| Some(*k));
                 routes.handler_order(&mut order);
                 let got: Vec<usize> = order.iter().map(|&g| routes.groups[g].owner.unwrap()).collect();
+                // what the poll walks: the same order, each owner once, none left
+                let mut taken = Vec::new();
+                routes.take_in_handler_order(&mut order, |k| taken.push(k));
+                assert_eq!(taken, got, "the walk and the order differ");
+                assert!(routes.groups.iter().all(|g| g.owner.is_none()));
                 let mut firsts: Vec<(usize, usize)> = Vec::new(); // (owner, first receive)
                 let mut others: Vec<usize> = Vec::new();
                 for (i, wc) in wcs.iter().enumerate() {

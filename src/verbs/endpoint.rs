@@ -381,6 +381,7 @@ impl Endpoint {
         self.cq.as_ref().map_or(-1, |c| c.queue().comp_vector())
     }
 
+    #[inline]
     fn post_recv(&mut self, slot: usize) -> Result<()> {
         let mut sge = ibv_sge {
             // SAFETY: slot < depths.recv, inside the control buffer.
@@ -440,24 +441,43 @@ impl Endpoint {
         self.post_send_chain(std::slice::from_mut(wr), slot_tag, always_signal)
     }
 
+    /// Numbers the request `seq` (its `wr_id`) and signals it as if posted alone: at
+    /// least every [`SIGNAL_EVERY`]th, and whenever the send queue is down to the
+    /// entries kept for control messages (`room` free before it).
+    #[inline]
+    fn number(&mut self, wr: &mut ibv_send_wr, seq: u64, room: u64, slot_tag: u64, always_signal: bool) {
+        self.unsignaled_run += 1;
+        if always_signal || self.unsignaled_run >= SIGNAL_EVERY || room <= self.depths.reserved_for_control() {
+            wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            self.unsignaled_run = 0;
+        }
+        wr.wr_id = (seq << WRID_SEQ_SHIFT) | slot_tag;
+    }
+
     /// Posts `wrs` as one chain (one doorbell), numbering each and signalling each as if
     /// posted alone: at least every [`SIGNAL_EVERY`]th, and whenever the send queue is
     /// down to the entries kept for control messages.
+    #[inline]
     fn post_send_chain(&mut self, wrs: &mut [ibv_send_wr], slot_tag: u64, always_signal: bool) -> Result<()> {
         let (first_seq, room) = (self.tx.next_seq(), self.sq_room());
+        if let [wr] = wrs {
+            // The usual post, one request: no chain to link or to search on failure.
+            self.number(wr, first_seq, room, slot_tag, always_signal);
+            wr.next = std::ptr::null_mut();
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: as for the chain below, of one request.
+            let failed = unsafe { ibv_post_send(self.qp(), wr, &mut bad) } != 0;
+            // (as below: a refusal that names no request of ours counts it as posted)
+            if !failed || !std::ptr::eq(bad, wr) {
+                self.tx.on_posted();
+            }
+            return if failed { Err(VerbsError::last(VerbsOp::PostSend)) } else { Ok(()) };
+        }
         let n = wrs.len();
         for i in 0..n {
-            self.unsignaled_run += 1;
-            let signal = always_signal
-                || self.unsignaled_run >= SIGNAL_EVERY
-                || room.saturating_sub(i as u64) <= self.depths.reserved_for_control();
             let (head, tail) = wrs.split_at_mut(i + 1);
             let wr = &mut head[i];
-            if signal {
-                wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-                self.unsignaled_run = 0;
-            }
-            wr.wr_id = ((first_seq + i as u64) << WRID_SEQ_SHIFT) | slot_tag;
+            self.number(wr, first_seq + i as u64, room.saturating_sub(i as u64), slot_tag, always_signal);
             wr.next = tail.first_mut().map_or(std::ptr::null_mut(), |w| w as *mut ibv_send_wr);
         }
         let mut bad = std::ptr::null_mut();

@@ -152,6 +152,7 @@ impl Conn {
     /// some: a call that consumed nothing means an IO thread has the client
     /// (`readQueryFromClient` returns without reading, docs/server-abi.md §4.5) and
     /// `update_state` will queue it; not while READ is postponed.
+    #[inline]
     pub fn next_step(&mut self, sq_room: impl Fn() -> bool) -> Step {
         // (test builds: the shortcut must decide exactly as the whole walk would)
         #[cfg(test)]

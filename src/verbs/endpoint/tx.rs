@@ -7,6 +7,7 @@ use std::mem::MaybeUninit;
 use rdma_sys::*;
 
 use super::{Endpoint, Result, VerbsError, VerbsOp, INLINE_WRITE_MAX};
+use crate::protocol::driver::parts_len;
 use crate::verbs::buffer::PinnedBuffer;
 use crate::verbs::mr::MemoryRegion;
 use crate::verbs::tx_plan;
@@ -56,6 +57,7 @@ impl Endpoint {
 
     /// The scatter entry for `len` bytes of the TX buffer at `offset`, all in one chunk,
     /// registering that chunk if no write reached it before.
+    #[inline]
     pub(super) fn tx_sge(&mut self, offset: u32, len: u32) -> Result<ibv_sge> {
         let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
         let (i, at) = (offset as usize / region.chunk, offset as usize % region.chunk);
@@ -68,18 +70,26 @@ impl Endpoint {
         let addr = unsafe { region.buf.as_ptr().add(offset as usize) } as u64;
         let lkey = match &region.chunks[i] {
             Some(mr) => mr.lkey(),
-            None => {
-                // SAFETY: the chunk lies inside the TX buffer, which the region keeps
-                // mapped until its chunks' regions are dropped (TxRegion's field order).
-                let mr = unsafe { self.pd()?.register_local(region.buf.as_ptr().add(start), chunk_len)? };
-                let lkey = mr.lkey();
-                if let Some(r) = self.tx.current_mut() {
-                    r.chunks[i] = Some(mr);
-                }
-                lkey
-            }
+            None => self.register_tx_chunk(i, start, chunk_len)?,
         };
         Ok(ibv_sge { addr, length: len, lkey })
+    }
+
+    /// Registers chunk `i` of the TX buffer (`chunk_len` bytes at `start`), the first
+    /// time a write reaches it; returns its key.
+    #[cold]
+    #[inline(never)]
+    fn register_tx_chunk(&mut self, i: usize, start: usize, chunk_len: usize) -> Result<u32> {
+        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        // SAFETY: the chunk lies inside the TX buffer (the caller checked), which the
+        // region keeps mapped until its chunks' regions are dropped (TxRegion's field
+        // order).
+        let mr = unsafe { self.pd()?.register_local(region.buf.as_ptr().add(start), chunk_len)? };
+        let lkey = mr.lkey();
+        if let Some(r) = self.tx.current_mut() {
+            r.chunks[i] = Some(mr);
+        }
+        Ok(lkey)
     }
 
     /// The peer's RX buffer is `len` bytes: the TX buffer is made that large on the next
@@ -162,7 +172,7 @@ impl Endpoint {
         let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
         let mut at = offset as usize;
         let end = at + total;
-        if end > buf.len() || parts.iter().map(|p| p.len()).sum::<usize>() < total {
+        if end > buf.len() || parts_len(parts) < total {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
         for p in parts {
@@ -188,7 +198,7 @@ impl Endpoint {
         let InlineWrite { offset, len, remote_addr, rkey, imm } = w;
         let total = len as usize;
         let inside_window = (offset as usize).checked_add(total).is_some_and(|end| end <= self.tx_len_wanted as usize);
-        if !inside_window || parts.iter().map(|p| p.len()).sum::<usize>() < total {
+        if !inside_window || parts_len(parts) < total {
             return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
         }
         if self.data_wr_room() == 0 {
