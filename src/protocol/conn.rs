@@ -189,18 +189,18 @@ impl Conn {
     }
 
     fn read_runnable(&self) -> bool {
-        self.read_handler && !self.postponed.read
+        self.read_handler && !self.postponed.read()
     }
 
     fn terminal_runnable(&self) -> bool {
-        self.read_runnable() || (self.write_handler && !self.postponed.write)
+        self.read_runnable() || (self.write_handler && !self.postponed.write())
     }
 
     /// The write handler would move bytes now: installed, not postponed, established,
     /// window left and send-queue room (docs/server-abi.md §4.3).
     fn write_due(&self, sq_room: bool) -> bool {
         self.write_handler
-            && !self.postponed.write
+            && !self.postponed.write()
             && matches!(self.state, State::Established)
             && self.session.tx.available() > 0
             && sq_room

@@ -323,11 +323,11 @@ impl Side {
         let p = core.postponed();
         let terminal =
             matches!(core.state(), State::Failed(_)) || (*core.state() == State::PeerClosed && !core.rx().has_unread());
-        let read = core.has_read_handler() && !p.read && (core.rx().has_unread() || terminal);
+        let read = core.has_read_handler() && !p.read() && (core.rx().has_unread() || terminal);
         // while the peer's last bytes are unread, only the read handler runs (a write
         // would fail and the server would free the client before reading them)
         let write = core.has_write_handler()
-            && !p.write
+            && !p.write()
             && (terminal
                 || (*core.state() == State::Established
                     && core.tx().available() > 0
@@ -714,10 +714,10 @@ impl Sim {
             return;
         }
         self.sides[s].io_touched = true;
-        if mask.read {
+        if mask.read() {
             self.app_read(s, false);
         }
-        if mask.write && !self.sides[s].close_asap {
+        if mask.write() && !self.sides[s].close_asap {
             self.app_write(s, false);
         }
     }

@@ -184,10 +184,11 @@ impl Conn {
         let run = self.run.as_mut()?;
         if !(run.plan == Plan::Live
             && run.at == 0
-            && run.stages == [Some(Stage::ReadLoop), Some(Stage::WriteIfDue)]
+            // (a live plan's stages are the read loop first, or with a barrier the write)
+            && run.stages[0] == Some(Stage::ReadLoop)
             && matches!(self.state, State::Established)
             && self.read_handler
-            && !self.postponed.read)
+            && !self.postponed.read())
         {
             return None;
         }
@@ -245,7 +246,7 @@ impl Conn {
                 }
                 Stage::ReadOnce => self.read_runnable().then_some(Handler::Read),
                 Stage::WriteIfDue => (same_plan && self.write_due(sq_room)).then_some(Handler::Write),
-                Stage::WriteOnce => (self.write_handler && !self.postponed.write).then_some(Handler::Write),
+                Stage::WriteOnce => (self.write_handler && !self.postponed.write()).then_some(Handler::Write),
             };
             let before = match call {
                 Some(Handler::Read) => self.bytes_read,

@@ -70,7 +70,11 @@ fn keepalive_secs(ticks: u32) -> u64 {
 /// The connection's life. Only forward moves exist: `Accepting → Established →
 /// PeerClosed | Failed → Closed`, with shortcuts (a peer may leave or fail before
 /// ESTABLISHED; `Closed` is reachable from anywhere).
+///
+/// An explicit tag: without it the state would be encoded in the failure's spare values, and each of
+/// the several questions the data path asks of it per request would decode them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(u8)]
 pub enum State {
     /// The CM's ESTABLISHED has not been seen. The QP is already usable (rdma_accept
     /// moves it to RTS), so data may arrive and be read; nothing can be written, since
@@ -105,27 +109,35 @@ pub enum Handler {
 }
 
 /// `postpone_update_state`'s mask (docs/server-abi.md §4.5): while an IO thread owns
-/// the client, the handlers it names must not run from the main thread.
+/// the client, the handlers it names must not run from the main thread. Kept as the
+/// server's mask: the transport hands it to the core at every lock.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Postpone {
-    pub read: bool,
-    pub write: bool,
-}
+pub struct Postpone(u8);
 
 impl Postpone {
-    pub const NONE: Postpone = Postpone { read: false, write: false };
-    pub const READ: Postpone = Postpone { read: true, write: false };
-    pub const WRITE: Postpone = Postpone { read: false, write: true };
-    pub const BOTH: Postpone = Postpone { read: true, write: true };
+    pub const NONE: Postpone = Postpone(0);
+    pub const READ: Postpone = Postpone(1);
+    pub const WRITE: Postpone = Postpone(2);
+    pub const BOTH: Postpone = Postpone(3);
 
-    /// 9.1.2's mask: `CONN_POSTPONE_READ` 1, `CONN_POSTPONE_WRITE` 2.
+    /// 9.1.2's mask: `CONN_POSTPONE_READ` 1, `CONN_POSTPONE_WRITE` 2 (other bits ignored).
     pub fn from_mask(mask: i32) -> Postpone {
-        Postpone { read: mask & 1 != 0, write: mask & 2 != 0 }
+        Postpone((mask & 3) as u8)
     }
 
     /// The mask [`from_mask`](Self::from_mask) reads.
     pub fn mask(self) -> i32 {
-        i32::from(self.read) | i32::from(self.write) << 1
+        i32::from(self.0)
+    }
+
+    /// The read handler must not run from the main thread.
+    pub fn read(self) -> bool {
+        self.0 & 1 != 0
+    }
+
+    /// The write handler must not run from the main thread.
+    pub fn write(self) -> bool {
+        self.0 & 2 != 0
     }
 }
 
