@@ -562,30 +562,17 @@ impl<T> Routes<T> {
     /// order the requests arrived, as they do when each connection has a wake-up of its
     /// own.
     fn handler_order(&mut self, order: &mut Vec<usize>) {
-        if self.groups.len() == 1 {
-            order.clear();
-            order.push(0);
-            return;
-        }
         let groups = &self.groups;
         order.clear();
-        // Groups are made in the order their connections first appear, so their first
-        // receives usually come in group order too: then the receivers are the groups
-        // backwards, with no sort.
-        let mut before = u32::MAX;
-        let mut sorted = true;
-        for (g, group) in groups.iter().enumerate().rev() {
-            if let Some(first) = group.first_receive {
-                sorted &= first < before;
-                before = first;
-                order.push(g);
-            }
-        }
-        if !sorted {
+        if self.receivers_in_group_order {
+            // Groups are made in the order their connections first appear, so their first
+            // receives usually come in group order too (`route` noted whether they did):
+            // then the receivers are the groups backwards, with no sort.
+            order.extend((0..groups.len()).rev().filter(|&g| groups[g].first_receive.is_some()));
+        } else {
             self.receivers.clear();
             self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
             self.receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
-            order.clear();
             order.extend(self.receivers.iter().map(|&(_, g)| g));
         }
         order.extend(groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g));
