@@ -873,6 +873,19 @@ second_device_down() {
     ip link delete dummy9 2>/dev/null
 }
 
+# The removal's log line for rxe0 names its one connection, or none when the client's kernel
+# closed it first (ucma destroys a client's id on DEVICE_REMOVAL by itself, and that id's
+# disconnect can reach the server before the removal is handled); notes which.
+rxe0_removal_closed_one_or_none() {
+    if log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it"; then
+        note "the removal closed the connection on rxe0"
+    elif log_has "RDMA: device rxe0 removed: closing the 0 connection(s) on it"; then
+        note "the connection on rxe0 was closed by the peer's disconnect before the removal (its kernel closes the id on removal)"
+    else
+        fail "no log line for the removal with the count of its connections"; return 1
+    fi
+}
+
 case_device_removed() {  # rdma link delete rxe0 under live RDMA clients on rxe0 and rxe9, then rdma link add rxe0
     local netdev del c1 c2 c3 t0
     netdev=$(rxe_netdev)
@@ -970,13 +983,7 @@ case_device_removal_unannounced() {
         || { blocked_in_kernel; fail "the module did not notice the unlisted device"; return 1; }
     note "noticed $((SECONDS - t0)) s after the delete began"
     wait_until 20 info_is connected_clients 1 || { fail "connected_clients $(rdma_info connected_clients), want 1: the one on rxe9"; return 1; }
-    if log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it"; then
-        note "the tick closed the connection on rxe0"
-    elif log_has "RDMA: device rxe0 removed: closing the 0 connection(s) on it"; then
-        note "the connection on rxe0 was closed by the peer's disconnect before the tick (its kernel closes the id on removal)"
-    else
-        fail "no log line for the removal with the count of its connections"; return 1
-    fi
+    rxe0_removal_closed_one_or_none || return 1
     wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
         || { fail "the removed device's resources are not released"; return 1; }
     expect_eq "rdma_listeners_down (the listener on rxe0's address)" "$(rdma_info listeners_down)" 1 || return 1
@@ -1032,22 +1039,14 @@ case_device_removed_wildcard() {  # rdma-bind * (every address): a device remove
     "$CLI912" --rdma -h "$RDMA_ADDR" -p "$PORT" -r -1 -i 1 PING > "$WORK/devrmany-c1.out" 2>&1 &
     c1=$!
     wait_until 30 info_is connected_clients 1 || { fail "the RDMA client did not connect"; return 1; }
-    # Stopped, so that valkey-cli does not disconnect on its own DEVICE_REMOVAL. Its kernel
-    # still may: ucma destroys a client's id on DEVICE_REMOVAL by itself, and that id's
-    # disconnect can reach the server before the removal does (a CI run of de93f47 saw
-    # the removal find 0 connections left on rxe0). Either way the connection is closed.
+    # Stopped, as in case_device_removal_unannounced (a CI run of de93f47 saw the removal
+    # find 0 connections left on rxe0: the client's kernel had closed it first).
     kill -STOP "$c1"
     (timeout 120 rdma link delete rxe0; echo "rc=$?") > "$WORK/devrmany-delete.out" 2>&1 &
     local del=$!
     wait_until 20 log_has "RDMA: device rxe0 removed: closing the" \
         || { blocked_in_kernel; fail "no log line for the removal"; return 1; }
-    if log_has "RDMA: device rxe0 removed: closing the 1 connection(s) on it"; then
-        note "the removal closed the connection on rxe0"
-    elif log_has "RDMA: device rxe0 removed: closing the 0 connection(s) on it"; then
-        note "the client's kernel disconnected first: the connection was closed before the removal came"
-    else
-        fail "the removal's log line names neither 1 nor 0 connections"; return 1
-    fi
+    rxe0_removal_closed_one_or_none || return 1
     wait_until 20 info_is connected_clients 0 || { fail "connected_clients $(rdma_info connected_clients), want 0"; return 1; }
     wait_until 20 log_has "RDMA: device rxe0: the module holds nothing on it any more" \
         || { fail "the removed device's resources are not released"; return 1; }
