@@ -25,7 +25,8 @@ use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
 // limits what is in flight, and a peer that outruns our receives waits (RNR, retried
 // without limit since we accept with rnr_retry 7).
 
-/// Receive slots posted at all times; each incoming SEND or WRITE_WITH_IMM uses one.
+/// Receive slots (posted at all times but the few a batch holds, [`recv`]); each
+/// incoming SEND or WRITE_WITH_IMM uses one.
 pub const RX_SLOTS: usize = 256;
 /// The TX buffer is registered in chunks of this many bytes, each when a write first
 /// reaches it, and one work request spans at most two (docs/protocol.md §4.3): the
@@ -106,12 +107,14 @@ pub struct EndpointConfig {
 
 pub use crate::protocol::driver::Completion;
 
+mod recv;
 mod rx;
 /// What only the test peer (`client::hostile`) does with an endpoint.
 #[cfg(feature = "test-hooks")]
 mod test_peer;
 mod tx;
 
+use recv::RecvChain;
 pub use rx::PreparedRx;
 use tx::TxRegion;
 
@@ -154,6 +157,8 @@ pub struct Endpoint {
     /// Data writes posted since the last [`release_idle_tx`](Endpoint::release_idle_tx).
     writes_since_idle_check: u64,
     free_tx_slots: Vec<u16>,
+    /// The receives that completed, until posted again together.
+    recv: RecvChain,
     unsignaled_run: u32,
     /// The longest write posted inline (the device copies the bytes into the work
     /// request: no TX buffer is touched); 0 where the device offers none.
@@ -287,6 +292,7 @@ impl Endpoint {
             repost_receives: true,
             writes_since_idle_check: 0,
             free_tx_slots: (0..tx_slots as u16).rev().collect(),
+            recv: RecvChain::new(depths.recv),
             unsignaled_run: 0,
             max_inline: 0,
         };
@@ -339,9 +345,8 @@ impl Endpoint {
             let (rx_mr, rx_iova) = pd.register_for_peer(ep.rx_buf.as_ptr(), cfg.rx_size as usize)?;
             (ep.rx_mr, ep.rx_iova) = (Some(rx_mr), rx_iova);
         }
-        for slot in 0..ep.depths.recv as usize {
-            ep.post_recv(slot)?;
-        }
+        ep.recv.set_lkey(ep.ctrl_lkey());
+        ep.post_all_recvs()?;
         Ok(())
     }
 
@@ -379,24 +384,6 @@ impl Endpoint {
     }
     pub fn comp_vector(&self) -> i32 {
         self.cq.as_ref().map_or(-1, |c| c.queue().comp_vector())
-    }
-
-    #[inline]
-    fn post_recv(&mut self, slot: usize) -> Result<()> {
-        let mut sge = ibv_sge {
-            // SAFETY: slot < depths.recv, inside the control buffer.
-            addr: unsafe { self.ctrl_buf.as_ptr().add(slot * CONTROL_MESSAGE_LEN) } as u64,
-            length: CONTROL_MESSAGE_LEN as u32,
-            lkey: self.ctrl_lkey(),
-        };
-        let mut wr = ibv_recv_wr { wr_id: slot as u64, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is live; `wr` and `sge` are valid for the call, and the slot
-        // memory stays registered until the QP is destroyed.
-        if unsafe { ibv_post_recv(self.qp(), &mut wr, &mut bad) } != 0 {
-            return Err(VerbsError::last(VerbsOp::PostRecv));
-        }
-        Ok(())
     }
 
     /// Whether a receive that completed is posted again (always, but in the test peer).
@@ -579,13 +566,13 @@ impl Endpoint {
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 self.ctrl_buf.copy_out(off, &mut bytes);
                 if self.reposts_receives() {
-                    self.post_recv(slot)?;
+                    self.repost_recv(slot)?;
                 }
                 f(Completion::Control { bytes, len: wc.byte_len });
             }
             ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
                 if self.reposts_receives() {
-                    self.post_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
+                    self.repost_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
                 }
                 f(Completion::Data { imm: wc.imm });
             }
