@@ -305,7 +305,7 @@ impl IdlePool {
             let cq = self.cqs[k].clone();
             loop {
                 wcs.clear();
-                let left = cq.poll(4096, |wc| wcs.push(wc))?;
+                let left = cq.poll(4096, &mut wcs)?;
                 progressed |= !wcs.is_empty();
                 for wc in &wcs {
                     if let Some(&i) = self.by_qp.get(&wc.qp_num()) {

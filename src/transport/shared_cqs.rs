@@ -294,7 +294,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();
-    let left = match q.poll(budget, |wc| s.polled.push(wc)) {
+    let left = match q.poll(budget, &mut s.polled) {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.
@@ -477,15 +477,15 @@ impl<T> Routes<T> {
         for group in &mut self.groups {
             (group.end, at) = (at, at + group.end);
         }
-        let Some(&filler) = wcs.first() else { return };
-        self.by_group.resize(at as usize, filler);
+        let Some(filler) = wcs.first() else { return };
+        self.by_group.resize(at as usize, filler.clone());
         let mut last = (NO_GROUP, None);
         for wc in wcs {
             let qp = wc.qp_num();
             let g = if qp == last.0 { last.1 } else { self.find_group(qp) };
             last = (qp, g);
             if let Some(group) = g.and_then(|g| self.groups.get_mut(g)) {
-                self.by_group[group.end as usize] = *wc;
+                self.by_group[group.end as usize] = wc.clone();
                 group.end += 1;
             }
         }

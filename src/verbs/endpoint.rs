@@ -12,7 +12,7 @@ use super::buffer::PinnedBuffer;
 use super::cq::CompletionQueue;
 use super::mr::{MemoryRegion, ProtectionDomain};
 use super::resources::{loaded, CmId};
-use super::shared_cq::{poll_channel_cq, CqAttachment, SharedCq, WorkCompletion};
+use super::shared_cq::{poll_channel_cq, Batches, CqAttachment, SharedCq, WorkCompletion};
 use super::tx_buffers::TxBuffers;
 use super::tx_plan;
 use super::{Result, VerbsError, VerbsOp};
@@ -540,9 +540,14 @@ impl Endpoint {
         let (channel, cq) = (q.channel_ptr(), q.cq_ptr());
         // SAFETY: the endpoint's own channel and CQ, live while self is.
         unsafe {
-            poll_channel_cq(channel, cq, budget, |batch| {
-                batch.iter().try_for_each(|wc| self.complete(&WorkCompletion::from_raw(wc), &mut f))
-            })
+            poll_channel_cq(
+                channel,
+                cq,
+                budget,
+                &mut Batches::new(|batch: &[ibv_wc]| {
+                    batch.iter().try_for_each(|wc| self.complete(&WorkCompletion::from_raw(wc), &mut f))
+                }),
+            )
         }
     }
 
@@ -555,31 +560,31 @@ impl Endpoint {
     }
 
     fn complete(&mut self, wc: &WorkCompletion, f: &mut impl FnMut(Completion)) -> Result<()> {
-        if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
-            f(Completion::Failed { status: wc.status, vendor_err: wc.vendor_err });
+        if wc.status() != ibv_wc_status::IBV_WC_SUCCESS {
+            f(Completion::Failed { status: wc.status(), vendor_err: wc.vendor_err() });
             return Ok(());
         }
-        match wc.opcode {
+        match wc.opcode() {
             ibv_wc_opcode::IBV_WC_RECV => {
-                let slot = (wc.wr_id & WRID_SLOT_MASK) as usize;
+                let slot = (wc.wr_id() & WRID_SLOT_MASK) as usize;
                 let off = slot * CONTROL_MESSAGE_LEN;
                 let mut bytes = [0u8; CONTROL_MESSAGE_LEN];
                 self.ctrl_buf.copy_out(off, &mut bytes);
                 if self.reposts_receives() {
                     self.repost_recv(slot)?;
                 }
-                f(Completion::Control { bytes, len: wc.byte_len });
+                f(Completion::Control { bytes, len: wc.byte_len() });
             }
             ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
                 if self.reposts_receives() {
-                    self.repost_recv((wc.wr_id & WRID_SLOT_MASK) as usize)?;
+                    self.repost_recv((wc.wr_id() & WRID_SLOT_MASK) as usize)?;
                 }
-                f(Completion::Data { imm: wc.imm });
+                f(Completion::Data { imm: wc.imm() });
             }
             ibv_wc_opcode::IBV_WC_SEND | ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
-                self.tx.on_completed(wc.wr_id >> WRID_SEQ_SHIFT);
-                if wc.wr_id & WRID_CONTROL != 0 {
-                    self.free_tx_slots.push((wc.wr_id & WRID_SLOT_MASK) as u16);
+                self.tx.on_completed(wc.wr_id() >> WRID_SEQ_SHIFT);
+                if wc.wr_id() & WRID_CONTROL != 0 {
+                    self.free_tx_slots.push((wc.wr_id() & WRID_SLOT_MASK) as u16);
                 }
             }
             _ => {}

@@ -113,67 +113,88 @@ impl CqBudget {
     }
 }
 
-/// One completion, the fields of `ibv_wc` this project reads; from a shared CQ, for
-/// the endpoint whose QP number it carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkCompletion {
-    pub(super) wr_id: u64,
-    pub(super) status: u32,
-    pub(super) opcode: u32,
-    pub(super) vendor_err: u32,
-    pub(super) byte_len: u32,
-    /// Host order; meaningful for the opcodes that carry an immediate.
-    pub(super) imm: u32,
-    pub(super) qp_num: u32,
+/// One completion as the device wrote it (an `ibv_wc`, polled straight into the
+/// caller's list: nothing is converted or copied per completion); from a shared CQ,
+/// for the endpoint whose QP number it carries.
+#[repr(transparent)]
+pub struct WorkCompletion(ibv_wc);
+
+impl Clone for WorkCompletion {
+    fn clone(&self) -> Self {
+        Self::from_raw(&self.0)
+    }
 }
 
 impl WorkCompletion {
     pub(super) fn from_raw(wc: &ibv_wc) -> Self {
-        let with_imm =
-            wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-        WorkCompletion {
-            wr_id: wc.wr_id,
-            status: wc.status,
-            opcode: wc.opcode,
-            vendor_err: wc.vendor_err,
-            byte_len: wc.byte_len,
-            // SAFETY: the union is a plain u32 either way; read as the immediate only
-            // for the opcode that carries one (or when the flags say so).
-            imm: if with_imm { u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }) } else { 0 },
-            qp_num: wc.qp_num,
-        }
+        // SAFETY: an ibv_wc is plain data (integers and a union of integers), which a
+        // bitwise copy duplicates (rdma-sys does not derive Clone for it).
+        WorkCompletion(unsafe { std::ptr::read(wc) })
     }
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
+        self.0.qp_num
     }
     /// A receive (a control message or a peer's write with an immediate), not the
     /// completion of something this side posted: the receive opcodes have bit 7 set
     /// (`IBV_WC_RECV` = 128).
     pub fn is_receive(&self) -> bool {
-        self.opcode & ibv_wc_opcode::IBV_WC_RECV != 0
+        self.0.opcode & ibv_wc_opcode::IBV_WC_RECV != 0
     }
-    #[cfg(test)]
     pub fn wr_id(&self) -> u64 {
-        self.wr_id
+        self.0.wr_id
+    }
+    pub(super) fn status(&self) -> u32 {
+        self.0.status
+    }
+    pub(super) fn opcode(&self) -> u32 {
+        self.0.opcode
+    }
+    pub(super) fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+    pub(super) fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+    /// The immediate, in host order, for the opcode that carries one (or when the flags
+    /// say so); 0 otherwise.
+    pub(super) fn imm(&self) -> u32 {
+        let wc = &self.0;
+        let with_imm =
+            wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM || wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        if !with_imm {
+            return 0;
+        }
+        // SAFETY: the union is a plain u32 either way; read as the immediate only when
+        // the completion carries one.
+        u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
     }
     /// A successful receive of QP `qp_num` (`wr_id` tells it apart), for tests of code
     /// that routes completions.
     #[cfg(test)]
     pub fn received(qp_num: u32, wr_id: u64) -> Self {
-        WorkCompletion {
-            wr_id,
-            status: ibv_wc_status::IBV_WC_SUCCESS,
-            opcode: ibv_wc_opcode::IBV_WC_RECV,
-            vendor_err: 0,
-            byte_len: 32,
-            imm: 0,
-            qp_num,
-        }
+        // SAFETY: all-zero is a valid ibv_wc (plain integers, a union of integers).
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.qp_num) =
+            (wr_id, ibv_wc_status::IBV_WC_SUCCESS, ibv_wc_opcode::IBV_WC_RECV, 32, qp_num);
+        WorkCompletion(wc)
     }
     /// A successful send (a write this side posted) of QP `qp_num`, for tests.
     #[cfg(test)]
     pub fn sent(qp_num: u32, wr_id: u64) -> Self {
-        WorkCompletion { opcode: ibv_wc_opcode::IBV_WC_RDMA_WRITE, ..Self::received(qp_num, wr_id) }
+        let mut wc = Self::received(qp_num, wr_id);
+        wc.0.opcode = ibv_wc_opcode::IBV_WC_RDMA_WRITE;
+        wc
+    }
+}
+
+impl std::fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkCompletion")
+            .field("qp_num", &self.0.qp_num)
+            .field("wr_id", &self.0.wr_id)
+            .field("status", &self.0.status)
+            .field("opcode", &self.0.opcode)
+            .finish()
     }
 }
 
@@ -310,30 +331,23 @@ impl SharedCq {
     }
 
     /// Consumes a pending notification of its own channel (if any; a shared channel's
-    /// events are taken by its owner), re-arms the CQ and polls up to
-    /// `budget` completions, handing each of a live QP to `f` (those of destroyed QPs
-    /// are dropped). Returns whether completions may be left, as
-    /// [`Endpoint::poll`](super::Endpoint::poll): the caller comes back for them.
-    pub fn poll(&self, budget: usize, mut f: impl FnMut(WorkCompletion)) -> Result<bool> {
+    /// events are taken by its owner), re-arms the CQ and polls up to `budget`
+    /// completions onto the end of `out`; those of destroyed QPs are dropped. Returns
+    /// whether completions may be left, as [`Endpoint::poll`](super::Endpoint::poll):
+    /// the caller comes back for them.
+    pub fn poll(&self, budget: usize, out: &mut Vec<WorkCompletion>) -> Result<bool> {
         let retired_before = self.retired.load(Ordering::Acquire);
+        let start = out.len();
         // SAFETY: the channel and CQ are live while self is.
         let left = unsafe {
             let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
-            poll_channel_cq(channel, self.queue.cq_ptr(), budget, |batch| {
-                // Usually no QP is retired: then nothing is filtered, copied or held.
-                if !self.has_retired() {
-                    batch.iter().map(WorkCompletion::from_raw).for_each(&mut f);
-                    return Ok(());
-                }
-                // `f` runs without the lock held (it may drop an attachment).
-                let live: Vec<WorkCompletion> = {
-                    let b = self.budget();
-                    batch.iter().filter(|wc| !b.is_retired(wc.qp_num)).map(WorkCompletion::from_raw).collect()
-                };
-                live.into_iter().for_each(&mut f);
-                Ok(())
-            })?
+            poll_channel_cq(channel, self.queue.cq_ptr(), budget, out)?
         };
+        // Usually no QP is retired: then nothing is filtered.
+        if self.has_retired() {
+            let b = self.budget();
+            drop_retired(out, start, |qp| b.is_retired(qp));
+        }
         if !left && retired_before > 0 {
             self.change_budget(|b| b.drained(retired_before));
         }
@@ -341,11 +355,75 @@ impl SharedCq {
     }
 }
 
+/// Drops the completions of `out` from `from` on whose QP `is_retired`; those before
+/// `from` (not of this poll) and the order stay.
+fn drop_retired(out: &mut Vec<WorkCompletion>, from: usize, is_retired: impl Fn(u32) -> bool) {
+    let mut at = 0;
+    out.retain(|wc| {
+        at += 1;
+        at <= from || !is_retired(wc.qp_num())
+    });
+}
+
+/// Where a poll puts the completions the device writes.
+pub(super) trait PollSink {
+    /// Room for `want` entries (at most [`POLL_BATCH`]), written by the device.
+    fn room(&mut self, want: usize) -> *mut ibv_wc;
+    /// The device wrote the first `n` entries of the room.
+    ///
+    /// # Safety
+    /// `n` entries at the start of the last [`room`](Self::room) are written.
+    unsafe fn filled(&mut self, n: usize) -> Result<()>;
+}
+
+/// Entries taken from the device per call.
+pub(super) const POLL_BATCH: usize = 32;
+
+/// A list that grows: the device writes at its end (a shared CQ's poll, whose
+/// completions are routed once the poll is over).
+impl PollSink for Vec<WorkCompletion> {
+    fn room(&mut self, want: usize) -> *mut ibv_wc {
+        self.reserve(want);
+        self.spare_capacity_mut().as_mut_ptr().cast::<ibv_wc>()
+    }
+    unsafe fn filled(&mut self, n: usize) -> Result<()> {
+        // SAFETY: the device wrote `n` entries past the end, inside the room reserved;
+        // a WorkCompletion is an ibv_wc.
+        unsafe { self.set_len(self.len() + n) };
+        Ok(())
+    }
+}
+
+/// Batches on the stack, each handed to `f` as it is written (an endpoint's own CQ,
+/// whose completions are taken one by one).
+pub(super) struct Batches<F> {
+    // (not zeroed: 1.5 KiB a poll; the device writes the entries it returns)
+    wcs: [std::mem::MaybeUninit<ibv_wc>; POLL_BATCH],
+    f: F,
+}
+
+impl<F: FnMut(&[ibv_wc]) -> Result<()>> Batches<F> {
+    pub(super) fn new(f: F) -> Self {
+        Batches { wcs: [const { std::mem::MaybeUninit::uninit() }; POLL_BATCH], f }
+    }
+}
+
+impl<F: FnMut(&[ibv_wc]) -> Result<()>> PollSink for Batches<F> {
+    fn room(&mut self, _want: usize) -> *mut ibv_wc {
+        self.wcs.as_mut_ptr().cast::<ibv_wc>()
+    }
+    unsafe fn filled(&mut self, n: usize) -> Result<()> {
+        // SAFETY: per the contract, the first `n` entries are written.
+        (self.f)(unsafe { std::slice::from_raw_parts(self.wcs.as_ptr().cast::<ibv_wc>(), n) })
+    }
+}
+
 /// One wake-up of a completion channel and its CQ: consumes a pending notification (if
-/// any, and if `channel` is not null: a channel other CQs share is read by its owner), re-arms the CQ, then polls up to `budget` completions in batches of 32, each
-/// batch handed to `f`. Returns whether completions may be left (the budget ran out):
-/// the channel signals only new ones, so the caller must come back for them. The one
-/// poll loop of both kinds of CQ: an endpoint's own and a shared one.
+/// any, and if `channel` is not null: a channel other CQs share is read by its owner),
+/// re-arms the CQ, then polls up to `budget` completions into `sink`, [`POLL_BATCH`] at
+/// a time. Returns whether completions may be left (the budget ran out): the channel
+/// signals only new ones, so the caller must come back for them. The one poll loop of
+/// both kinds of CQ: an endpoint's own and a shared one.
 ///
 /// # Safety
 /// `channel` (unless null) and `cq` must be live, `cq` created on `channel`.
@@ -353,7 +431,7 @@ pub(super) unsafe fn poll_channel_cq(
     channel: *mut ibv_comp_channel,
     cq: *mut ibv_cq,
     budget: usize,
-    mut f: impl FnMut(&[ibv_wc]) -> Result<()>,
+    sink: &mut impl PollSink,
 ) -> Result<bool> {
     let l = loaded();
     let mut ev_cq = std::ptr::null_mut();
@@ -368,19 +446,17 @@ pub(super) unsafe fn poll_channel_cq(
     if unsafe { ibv_req_notify_cq(cq, 0) } != 0 {
         return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
     }
-    // (not zeroed: 1.5 KiB a poll; the device writes the entries it returns)
-    let mut wcs = [const { std::mem::MaybeUninit::<ibv_wc>::uninit() }; 32];
     let mut left = budget;
     while left > 0 {
-        let want = left.min(wcs.len());
-        // SAFETY: `wcs` has room for `want` <= 32 entries.
-        let n = unsafe { ibv_poll_cq(cq, want as i32, wcs.as_mut_ptr().cast::<ibv_wc>()) };
+        let want = left.min(POLL_BATCH);
+        // SAFETY: the sink's room holds `want` entries.
+        let n = unsafe { ibv_poll_cq(cq, want as i32, sink.room(want)) };
         if n < 0 {
             return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));
         }
         let n = (n as usize).min(want);
-        // SAFETY: ibv_poll_cq wrote the first `n` entries.
-        f(unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<ibv_wc>(), n) })?;
+        // SAFETY: ibv_poll_cq wrote the first `n` entries of the room.
+        unsafe { sink.filled(n)? };
         if n < want {
             return Ok(false);
         }
@@ -438,6 +514,40 @@ impl Drop for CqAttachment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ids(wcs: &[WorkCompletion]) -> Vec<(u32, u64)> {
+        wcs.iter().map(|wc| (wc.qp_num(), wc.wr_id())).collect()
+    }
+
+    #[test]
+    fn a_poll_writes_at_the_end_of_the_list_and_keeps_what_was_there() {
+        let mut out = vec![WorkCompletion::received(1, 10)];
+        for round in 0..3u64 {
+            let room = out.room(POLL_BATCH);
+            // as the device does: entries written through the pointer, then counted
+            for i in 0..2 {
+                let wc = WorkCompletion::sent(2, round * 2 + i);
+                // SAFETY: the room holds POLL_BATCH entries.
+                unsafe { room.add(i as usize).write(wc.0) };
+            }
+            // SAFETY: two entries were written.
+            unsafe { out.filled(2).unwrap() };
+        }
+        let mut want = vec![(1, 10)];
+        want.extend((0..6).map(|i| (2, i)));
+        assert_eq!(ids(&out), want);
+        assert!(out[1..].iter().all(|wc| !wc.is_receive() && wc.imm() == 0));
+    }
+
+    #[test]
+    fn completions_of_retired_qps_are_dropped_from_this_poll_only() {
+        let mut out: Vec<WorkCompletion> =
+            [(7, 1), (8, 2), (7, 3), (9, 4), (7, 5)].iter().map(|&(qp, id)| WorkCompletion::received(qp, id)).collect();
+        drop_retired(&mut out, 2, |qp| qp == 7);
+        assert_eq!(ids(&out), vec![(7, 1), (8, 2), (9, 4)], "before `from`: kept; after: QP 7's dropped, order kept");
+        drop_retired(&mut out, 0, |_| false);
+        assert_eq!(out.len(), 3);
+    }
 
     #[test]
     fn reservations_never_exceed_the_capacity() {
