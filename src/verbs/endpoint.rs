@@ -25,8 +25,8 @@ use crate::protocol::{ControlMessage, CONTROL_MESSAGE_LEN};
 // limits what is in flight, and a peer that outruns our receives waits (RNR, retried
 // without limit since we accept with rnr_retry 7).
 
-/// Receive slots (posted at all times but the few a batch holds, [`recv`]); each
-/// incoming SEND or WRITE_WITH_IMM uses one.
+/// Receive slots, posted at all times but for the few a batch holds (`endpoint/recv.rs`);
+/// each incoming SEND or WRITE_WITH_IMM uses one.
 pub const RX_SLOTS: usize = 256;
 /// The TX buffer is registered in chunks of this many bytes, each when a write first
 /// reaches it, and one work request spans at most two (docs/protocol.md §4.3): the
