@@ -187,17 +187,6 @@ impl WorkCompletion {
     }
 }
 
-impl std::fmt::Debug for WorkCompletion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkCompletion")
-            .field("qp_num", &self.0.qp_num)
-            .field("wr_id", &self.0.wr_id)
-            .field("status", &self.0.status)
-            .field("opcode", &self.0.opcode)
-            .finish()
-    }
-}
-
 /// A CQ and its completion channel (a non-blocking fd), destroyed together when the
 /// last `Arc` goes: after every QP attached to it (see the module comment).
 pub struct SharedCq {
