@@ -329,11 +329,14 @@ struct Scratch {
 }
 
 thread_local! {
-    static SCRATCHES: RefCell<Vec<Scratch>> = const { RefCell::new(Vec::new()) };
+    // Boxed: taking one and putting it back moves a pointer, not the scratch (the
+    // moves cost a wake-up about 30 instructions, docs/measurements/instructions-2026-12-05).
+    #[allow(clippy::vec_box)]
+    static SCRATCHES: RefCell<Vec<Box<Scratch>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Scratch {
-    fn take() -> Scratch {
+    fn take() -> Box<Scratch> {
         SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
     }
 
@@ -357,7 +360,7 @@ impl Scratch {
 
     /// `routes` and `order` are cleared where they are filled (and the routes' groups
     /// here: they must not keep a connection alive); `polled` is pushed to.
-    fn put_back(mut self) {
+    fn put_back(mut self: Box<Self>) {
         self.polled.clear();
         self.routes.groups.clear();
         SCRATCHES.with_borrow_mut(|kept| kept.push(self));

@@ -143,6 +143,8 @@ pub struct Endpoint {
     /// Counts the endpoint among the live ones until it is dropped.
     _live: LiveEndpoint,
     depths: QueueDepths,
+    /// `depths.reserved_for_control()`, asked at every write.
+    sq_reserved: u64,
     /// The address the peer writes the RX buffer at (docs/protocol.md §6).
     rx_iova: u64,
     /// [`EndpointConfig::tx_chunk`], at least one page.
@@ -285,6 +287,7 @@ impl Endpoint {
             pd: None,
             _live: LiveEndpoint::new(),
             depths,
+            sq_reserved: depths.reserved_for_control(),
             rx_iova: 0,
             tx_chunk: cfg.tx_chunk.max(super::buffer::page_size() as u32),
             tx_len_wanted: 0,
@@ -434,7 +437,7 @@ impl Endpoint {
     #[inline]
     fn number(&mut self, wr: &mut ibv_send_wr, seq: u64, room: u64, slot_tag: u64, always_signal: bool) {
         self.unsignaled_run += 1;
-        if always_signal || self.unsignaled_run >= SIGNAL_EVERY || room <= self.depths.reserved_for_control() {
+        if always_signal || self.unsignaled_run >= SIGNAL_EVERY || room <= self.sq_reserved {
             wr.send_flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
             self.unsignaled_run = 0;
         }

@@ -48,6 +48,15 @@ pub fn write_limit(offset: u32, chunk: u32, wrs: usize) -> u32 {
     (chunks * chunk - u64::from(offset) % chunk).min(u64::from(u32::MAX)) as u32
 }
 
+/// Whether `len` bytes (at least one) at `offset` lie in one `chunk`-byte chunk: the
+/// usual write, one request of one piece, posted without a [`plan`]. One remainder,
+/// where comparing the chunks of the first and the last byte takes two divisions.
+#[inline]
+pub fn within_one_chunk(offset: u32, len: u32, chunk: u32) -> bool {
+    let chunk = chunk.max(1);
+    len > 0 && u64::from(offset % chunk) + u64::from(len) <= u64::from(chunk)
+}
+
 /// The work requests for `len` bytes at `offset` of a TX buffer cut in `chunk`-byte
 /// chunks: each chunk touched is one piece, [`SGES_PER_WR`] pieces per request. A
 /// write of no bytes is one request with one empty piece (the test peer's zero-length
@@ -80,6 +89,29 @@ pub fn plan(offset: u32, len: u32, chunk: u32) -> Option<impl ExactSizeIterator<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_chunk_is_where_the_first_and_the_last_byte_share_a_chunk() {
+        for chunk in [1u32, 2, 3, 7, 8, 64] {
+            for offset in 0..200 {
+                for len in 0..=150 {
+                    let first_and_last = len > 0 && offset / chunk == (offset + len - 1) / chunk;
+                    assert_eq!(within_one_chunk(offset, len, chunk), first_and_last, "{offset}+{len} in {chunk}");
+                    assert_eq!(
+                        within_one_chunk(offset, len, chunk),
+                        plan(offset, len, chunk).is_some_and(|mut p| p.len() == 1 && p.next().unwrap().sges == 1)
+                            && len > 0
+                    );
+                }
+            }
+        }
+        // at the top of the offsets: no overflow
+        for (offset, len, chunk, one) in
+            [(u32::MAX - 1, 1, u32::MAX, true), (u32::MAX - 1, 2, u32::MAX, false), (u32::MAX, u32::MAX, 65536, false)]
+        {
+            assert_eq!(within_one_chunk(offset, len, chunk), one, "{offset}+{len} in {chunk}");
+        }
+    }
 
     #[test]
     fn a_write_of_one_chunk_is_never_cut_wherever_it_starts() {

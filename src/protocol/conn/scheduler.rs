@@ -31,6 +31,9 @@ enum Plan {
 pub(super) struct Run {
     plan: Plan,
     stages: [Option<Stage>; 2],
+    /// A live plan whose first stage is the read loop (no barrier), until the plan
+    /// changes: what [`Conn::read_loop_shortcut`] asks first, in one load.
+    reads_first: bool,
     at: usize,
     read_calls: u32,
     /// The last read-handler call consumed bytes.
@@ -135,6 +138,7 @@ impl Conn {
         };
         self.run = Some(Run {
             plan,
+            reads_first: plan == Plan::Live && stages[0] == Some(Stage::ReadLoop),
             stages,
             at: 0,
             read_calls: 0,
@@ -182,10 +186,8 @@ impl Conn {
     #[inline]
     fn read_loop_shortcut(&mut self) -> Option<Step> {
         let run = self.run.as_mut()?;
-        if !(run.plan == Plan::Live
+        if !(run.reads_first
             && run.at == 0
-            // (a live plan's stages are the read loop first, or with a barrier the write)
-            && run.stages[0] == Some(Stage::ReadLoop)
             && matches!(self.state, State::Established)
             && self.read_handler
             && !self.postponed.read())
@@ -227,6 +229,7 @@ impl Conn {
             // learns it now rather than on the next iteration.
             run.plan = Plan::Final;
             run.stages = [Some(Stage::ReadOnce), Some(Stage::WriteOnce)];
+            run.reads_first = false;
             run.at = 0;
         }
         // Whether the state still belongs to the run's plan (the read loop stops when it

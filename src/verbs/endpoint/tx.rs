@@ -52,7 +52,7 @@ impl Endpoint {
 
     /// Send-queue entries a data write may use now.
     pub(super) fn data_wr_room(&self) -> u64 {
-        self.sq_room().saturating_sub(self.depths.reserved_for_control())
+        self.sq_room().saturating_sub(self.sq_reserved)
     }
 
     /// The scatter entry for `len` bytes of the TX buffer at `offset`, all in one chunk,
@@ -244,9 +244,7 @@ impl Endpoint {
         imm: u32,
     ) -> Result<()> {
         let chunk = self.tx.current().map_or(u32::MAX, |r| r.chunk.min(u32::MAX as usize) as u32);
-        if len > 0
-            && u64::from(offset) / u64::from(chunk) == (u64::from(offset) + u64::from(len) - 1) / u64::from(chunk)
-        {
+        if tx_plan::within_one_chunk(offset, len, chunk) {
             // The usual write lies in one chunk: the plan's one request of one piece,
             // built without the plan.
             let mut sge = self.tx_sge(offset, len)?;
