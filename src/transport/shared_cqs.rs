@@ -329,8 +329,8 @@ struct Scratch {
 }
 
 thread_local! {
-    // Boxed: taking one and putting it back moves a pointer, not the scratch (the
-    // moves cost a wake-up about 30 instructions, docs/measurements/instructions-2026-12-05).
+    // Boxed: taking one and putting it back moves a pointer, not the scratch
+    // (docs/measurements/instructions-2026-12-05).
     #[allow(clippy::vec_box)]
     static SCRATCHES: RefCell<Vec<Box<Scratch>>> = const { RefCell::new(Vec::new()) };
 }
