@@ -95,7 +95,7 @@ fn on_load(ctx: &LoadCtx) -> Result<(), String> {
         log::debug!("RDMA: server.el not found yet; it is taken from the first accept");
     }
     server::register::<RdmaConnection>(abi)?;
-    server::start_timer::<RdmaConnection>(protocol::KEEPALIVE_MS)?;
+    server::start_timer::<RdmaConnection>(protocol::KEEPALIVE_MS / protocol::keepalive::SLICES)?;
     server::register_info::<RdmaConnection>(ctx)?;
     // Module arguments become the core configs, so that CONFIG GET shows what is used
     // and initListeners picks them up. rdma-rx-size and rdma-completion-vector are

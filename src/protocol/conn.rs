@@ -483,10 +483,11 @@ impl Conn {
         }
     }
 
-    /// The module-wide keepalive timer fired (docs/protocol.md §5): a server connection
-    /// that is CONNECTED and has sent its RegisterXferMemory gets a Keepalive. The driver
-    /// then drains [`poll_control`](Self::poll_control) and asks
-    /// [`wants_pending`](Self::wants_pending) (the tick is the pending list's safety net).
+    /// The connection's keepalive tick (docs/protocol.md §5), once per period: a server
+    /// connection that is CONNECTED and has sent its RegisterXferMemory gets a Keepalive
+    /// unless one of the rules below spares it. The driver then drains
+    /// [`poll_control`](Self::poll_control) and asks [`wants_pending`](Self::wants_pending)
+    /// (the tick is the pending list's safety net).
     ///
     /// `unacknowledged_ticks`: the periods in a row in which the send queue had work
     /// requests in flight and none completed (the driver's count, `verbs::TxBuffers`).
@@ -496,16 +497,21 @@ impl Conn {
     ///
     /// `busy_and_acknowledged`: this connection wrote to the peer since the last tick
     /// and the peer's NIC acknowledged some of it. Such a peer is alive, and a Keepalive
-    /// would only cost a doorbell per busy connection per tick, all in the same moment:
-    /// with 32 busy connections that was the slowest 1 % of their requests
-    /// (docs/protocol.md §5). So it gets none this tick.
+    /// would only cost a doorbell per busy connection per period. So it gets none.
+    ///
+    /// `nothing_in_flight` and `quiet_turn`: a quiet connection (nothing in flight) is
+    /// probed only at its turn, which the transport's schedule gives each connection
+    /// once every so many periods, so that the Keepalives of thousands of idle
+    /// connections stay within a bounded number per period. One with work in flight is
+    /// probed at every tick: its signalled Keepalive is what completes the unsignalled
+    /// writes before it, and without it those would count as unanswered.
     ///
     /// A server connection still `Accepting` at its [`HANDSHAKE_TICKS`](super::HANDSHAKE_TICKS)th
     /// tick fails too: the client never completed the handshake, and the CM would hold
     /// the connection for minutes before giving up by itself (docs/protocol.md §5).
-    pub fn keepalive_tick(&mut self, unacknowledged_ticks: u32, busy_and_acknowledged: bool) -> Result<(), Failure> {
-        if self.is_live() && unacknowledged_ticks >= super::DEAD_PEER_TICKS {
-            return Err(self.fail(Failure::PeerSilent { ticks: unacknowledged_ticks }));
+    pub fn keepalive_tick(&mut self, at: TickFacts) -> Result<(), Failure> {
+        if self.is_live() && at.unacknowledged_ticks >= super::DEAD_PEER_TICKS {
+            return Err(self.fail(Failure::PeerSilent { ticks: at.unacknowledged_ticks }));
         }
         if self.session.role() != Role::Server {
             return Ok(());
@@ -517,7 +523,9 @@ impl Conn {
                     return Err(self.fail(Failure::HandshakeTimeout { ticks: self.accepting_ticks }));
                 }
             }
-            State::Established if self.accepted && !busy_and_acknowledged => {
+            State::Established
+                if self.accepted && !at.busy_and_acknowledged && (at.quiet_turn || !at.nothing_in_flight) =>
+            {
                 self.control.push_back(ControlMessage::Keepalive)
             }
             _ => {}
@@ -692,22 +700,57 @@ mod tests {
         c.on_disconnected();
         assert_eq!(c.read(100), Ok(0..100));
         assert_eq!(c.poll_control(), None);
-        c.keepalive_tick(0, false).unwrap();
+        c.keepalive_tick(TickFacts::every_period(false)).unwrap();
         assert_eq!(c.poll_control(), None);
     }
 
     #[test]
     fn a_keepalive_goes_only_to_a_server_connection_not_shown_alive_since_the_last_tick() {
         let mut c = established_server();
-        c.keepalive_tick(0, false).unwrap();
+        c.keepalive_tick(TickFacts::every_period(false)).unwrap();
         assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "idle or unanswered: probed");
-        c.keepalive_tick(0, true).unwrap();
+        c.keepalive_tick(TickFacts::every_period(true)).unwrap();
         assert_eq!(c.poll_control(), None, "busy and acknowledged: alive, no probe");
-        c.keepalive_tick(0, false).unwrap();
+        c.keepalive_tick(TickFacts::every_period(false)).unwrap();
         assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "probed again once it is not");
         // the dead-peer count still fails it, busy or not
-        let f = c.keepalive_tick(super::super::DEAD_PEER_TICKS, true).unwrap_err();
+        let f = c
+            .keepalive_tick(TickFacts {
+                unacknowledged_ticks: super::super::DEAD_PEER_TICKS,
+                ..TickFacts::every_period(true)
+            })
+            .unwrap_err();
         assert!(matches!(f, Failure::PeerSilent { .. }));
+    }
+
+    /// Every combination of the tick's facts for an established server connection: a
+    /// Keepalive exactly when it is not busy and either has work in flight or it is a
+    /// quiet connection's turn.
+    #[test]
+    fn a_quiet_connection_is_probed_only_at_its_turn_and_one_with_work_in_flight_always() {
+        for bits in 0..8u8 {
+            let (busy, quiet, turn) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+            let mut c = established_server();
+            let at = TickFacts {
+                unacknowledged_ticks: 0,
+                busy_and_acknowledged: busy,
+                nothing_in_flight: quiet,
+                quiet_turn: turn,
+            };
+            c.keepalive_tick(at).unwrap();
+            let probed = c.poll_control() == Some(ControlMessage::Keepalive);
+            assert_eq!(probed, !busy && (!quiet || turn), "{at:?}");
+            assert_eq!(c.poll_control(), None);
+        }
+        // off its turn, the dead-peer count still fails it
+        let mut c = established_server();
+        let silent = TickFacts {
+            unacknowledged_ticks: super::super::DEAD_PEER_TICKS,
+            busy_and_acknowledged: false,
+            nothing_in_flight: false,
+            quiet_turn: false,
+        };
+        assert!(matches!(c.keepalive_tick(silent), Err(Failure::PeerSilent { .. })));
     }
 
     /// The adaptive window's steps from the 100-byte test buffer: one growth step, then
@@ -857,14 +900,19 @@ mod tests {
         let dead = super::super::DEAD_PEER_TICKS;
         let mut c = established_server();
         for silent in 0..dead {
-            c.keepalive_tick(silent, false).unwrap();
+            c.keepalive_tick(TickFacts { unacknowledged_ticks: silent, ..TickFacts::every_period(false) }).unwrap();
             assert_eq!(c.poll_control(), Some(ControlMessage::Keepalive), "{silent} silent periods are not enough");
         }
-        let f = c.keepalive_tick(dead, false).unwrap_err();
+        let f =
+            c.keepalive_tick(TickFacts { unacknowledged_ticks: dead, ..TickFacts::every_period(false) }).unwrap_err();
         assert_eq!(f, Failure::PeerSilent { ticks: dead });
         assert_eq!(f.errno(), libc::ETIMEDOUT);
         assert_eq!(c.failure(), Some(&f));
-        assert_eq!(c.keepalive_tick(dead + 1, false), Ok(()), "failed once; a failed connection sends nothing more");
+        assert_eq!(
+            c.keepalive_tick(TickFacts { unacknowledged_ticks: dead + 1, ..TickFacts::every_period(false) }),
+            Ok(()),
+            "failed once; a failed connection sends nothing more"
+        );
         assert_eq!(c.poll_control(), None);
     }
 
@@ -875,28 +923,28 @@ mod tests {
         let mut c = Conn::new(Role::Server, rx());
         c.on_accepted().unwrap();
         for _ in 1..deadline {
-            assert_eq!(c.keepalive_tick(0, false), Ok(()));
+            assert_eq!(c.keepalive_tick(TickFacts::every_period(false)), Ok(()));
             assert_eq!(c.state(), &State::Accepting);
         }
-        let f = c.keepalive_tick(0, false).unwrap_err();
+        let f = c.keepalive_tick(TickFacts::every_period(false)).unwrap_err();
         assert_eq!(f, Failure::HandshakeTimeout { ticks: deadline });
         assert_eq!((f.errno(), c.server_state()), (libc::ETIMEDOUT, ServerState::Error));
-        assert_eq!(c.keepalive_tick(0, false), Ok(()), "failed once");
+        assert_eq!(c.keepalive_tick(TickFacts::every_period(false)), Ok(()), "failed once");
         // ESTABLISHED one tick before the deadline: never fails, however long it lives.
         let mut c = Conn::new(Role::Server, rx());
         c.on_accepted().unwrap();
         for _ in 1..deadline {
-            c.keepalive_tick(0, false).unwrap();
+            c.keepalive_tick(TickFacts::every_period(false)).unwrap();
         }
         c.on_established();
         for _ in 0..10 * deadline {
-            assert_eq!(c.keepalive_tick(0, false), Ok(()));
+            assert_eq!(c.keepalive_tick(TickFacts::every_period(false)), Ok(()));
         }
         assert_eq!(c.state(), &State::Established);
         // A client connection is not the server's to time out (its connect has its own).
         let mut c = Conn::new(Role::Client, rx());
         for _ in 0..10 * deadline {
-            assert_eq!(c.keepalive_tick(0, false), Ok(()));
+            assert_eq!(c.keepalive_tick(TickFacts::every_period(false)), Ok(()));
         }
         assert_eq!(c.state(), &State::Accepting);
     }

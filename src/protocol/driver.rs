@@ -12,7 +12,9 @@
 
 use std::ops::Range;
 
-use super::conn::{AfterHandler, Conn, Failure, Handler, ReadError, Received, RxBuffer, Step, WriteError, WriteGrant};
+use super::conn::{
+    AfterHandler, Conn, Failure, Handler, ReadError, Received, RxBuffer, Step, TickFacts, WriteError, WriteGrant,
+};
 use super::{ControlMessage, Violation, CONTROL_MESSAGE_LEN};
 
 /// What one completion meant, after the NIC's own bookkeeping (send-queue entries
@@ -252,8 +254,8 @@ impl<N: Nic> Driver<N> {
     }
 
     /// The keepalive tick (docs/protocol.md §5), with what the NIC saw since the last.
-    pub fn keepalive(&mut self, unacknowledged_ticks: u32, busy_and_acknowledged: bool) -> Option<Failure> {
-        match self.core.keepalive_tick(unacknowledged_ticks, busy_and_acknowledged) {
+    pub fn keepalive(&mut self, at: TickFacts) -> Option<Failure> {
+        match self.core.keepalive_tick(at) {
             Err(f) => Some(f),
             Ok(()) => self.flush_control().err(),
         }

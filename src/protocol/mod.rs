@@ -15,6 +15,7 @@
 pub mod conn;
 pub mod control;
 pub(crate) mod driver;
+pub mod keepalive;
 pub mod session;
 pub mod window;
 

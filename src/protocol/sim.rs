@@ -773,9 +773,14 @@ impl Sim {
             }
             // (the fake NIC acknowledges everything: no silent peer here; a side may
             // or may not have written since the last tick)
-            let busy = self.rng.one_in(2);
+            let at = TickFacts {
+                unacknowledged_ticks: 0,
+                busy_and_acknowledged: self.rng.one_in(2),
+                nothing_in_flight: self.rng.one_in(2),
+                quiet_turn: self.rng.one_in(2),
+            };
             let live = self.is_live(s);
-            let failed = self.sides[s].d.keepalive(0, busy);
+            let failed = self.sides[s].d.keepalive(at);
             self.after_post(s, live, failed.as_ref());
             self.queue_if_due(s);
         }

@@ -19,7 +19,7 @@ use super::worker::Slot;
 use super::MODULE;
 use super::{live, log_limited, pending, HostedConn};
 use crate::protocol::conn::{
-    AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, WriteGrant,
+    AfterHandler, Conn, Failure, Handler, Postpone, Received, RxBuffer, ServerState, TickFacts, WriteGrant,
 };
 use crate::protocol::driver::{self, Driver, LocalError, Nic, RunEnd, TxBuffersHeld};
 use crate::protocol::session::Role;
@@ -438,12 +438,14 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
     }
 }
 
-/// The keepalive tick (docs/protocol.md §5).
-pub(crate) fn keepalive(c: &HostedConn) {
+/// The connection's keepalive tick, once per period; `quiet_turn`: the schedule's turn for a
+/// quiet connection (docs/protocol.md §5).
+pub(crate) fn keepalive(c: &HostedConn, quiet_turn: bool) {
     let mut g = c.inner.lock();
     // First the endpoint's side: sends unanswered, the peer shown alive, and the TX buffer
     // of a connection that wrote nothing since given back.
-    let (mut silent_ticks, mut acknowledged) = (0, false);
+    let mut at =
+        TickFacts { unacknowledged_ticks: 0, busy_and_acknowledged: false, nothing_in_flight: true, quiet_turn };
     if let Some(ep) = g.d.nic.ep.as_mut() {
         let t = ep.keepalive_tick();
         if let Some(idle) = t.released_tx {
@@ -452,9 +454,11 @@ pub(crate) fn keepalive(c: &HostedConn) {
             // went idle at this tick: docs/protocol.md §2)
             MODULE.workers.release.submit(move || drop(idle));
         }
-        (silent_ticks, acknowledged) = (t.unacknowledged_ticks, t.busy_and_acknowledged);
+        at.unacknowledged_ticks = t.unacknowledged_ticks;
+        at.busy_and_acknowledged = t.busy_and_acknowledged;
+        at.nothing_in_flight = t.nothing_in_flight;
     }
-    let failed = g.d.keepalive(silent_ticks, acknowledged);
+    let failed = g.d.keepalive(at);
     publish(c, &g, failed);
 }
 

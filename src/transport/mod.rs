@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_int;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -36,6 +37,7 @@ use std::time::Instant;
 
 use crate::config::Settings;
 use crate::protocol::conn::Postpone;
+use crate::protocol::keepalive;
 use crate::server::abi::ConnListener;
 use crate::server::api::InfoField;
 use crate::server::{Hosted, Transport};
@@ -72,6 +74,8 @@ pub(crate) struct Module {
     pub(crate) workers: worker::Workers,
     /// Removed devices whose resources are being released.
     pub(crate) removals: removal::Removals,
+    /// Firings of the module's timer so far ([`keepalive::Firing`]).
+    timer_firings: AtomicU64,
 }
 
 pub(crate) static MODULE: Module = Module {
@@ -85,6 +89,7 @@ pub(crate) static MODULE: Module = Module {
     stats: stats::Stats::new(),
     workers: worker::Workers::new(),
     removals: removal::Removals::new(),
+    timer_firings: AtomicU64::new(0),
 };
 
 pub(crate) fn init_global(g: Global) {
@@ -157,9 +162,17 @@ pub(crate) mod live {
     pub(crate) fn get(key: usize) -> Option<Arc<HostedConn>> {
         MODULE.live.lock().as_ref()?.get(&key).cloned()
     }
-    /// [`get`] of each key, in order, into `out` (cleared first), under one lock.
+    /// Every live connection, under one lock.
     pub(crate) fn snapshot() -> Vec<Arc<HostedConn>> {
         MODULE.live.lock().as_ref().map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+    /// The live connections the timer's `firing` ticks (docs/protocol.md §5), and how
+    /// many are live in all, under one lock.
+    pub(crate) fn ticked_at(firing: keepalive::Firing) -> (Vec<Arc<HostedConn>>, usize) {
+        let g = MODULE.live.lock();
+        let Some(m) = g.as_ref() else { return (Vec::new(), 0) };
+        let ticked = m.iter().filter(|(&key, _)| keepalive::ticks_at(keepalive::place(key), firing));
+        (ticked.map(|(_, c)| c.clone()).collect(), m.len())
     }
 }
 
@@ -314,16 +327,22 @@ impl Transport for RdmaConnection {
         }
     }
     fn on_timer() {
-        for c in live::snapshot() {
-            connection::keepalive(&c);
+        let firing = keepalive::Firing(MODULE.timer_firings.fetch_add(1, Ordering::Relaxed));
+        let (ticked, live) = live::ticked_at(firing);
+        let stride = keepalive::quiet_stride(live);
+        for c in ticked {
+            let quiet_turn = keepalive::quiet_turn(keepalive::place(c.key()), firing.period(), stride);
+            connection::keepalive(&c, quiet_turn);
             connection::queue_if_due(&c);
         }
-        for (device, name) in removal::unannounced() {
-            listener::device_unlisted(device);
-            removal::device_removed(device, &name);
+        if firing.starts_period() {
+            for (device, name) in removal::unannounced() {
+                listener::device_unlisted(device);
+                removal::device_removed(device, &name);
+            }
+            removal::release_finished();
+            listener::listen_again();
         }
-        removal::release_finished();
-        listener::listen_again();
     }
     fn addrs(c: &HostedConn) -> (Option<SocketAddr>, Option<SocketAddr>) {
         (c.inner.peer, c.inner.local)

@@ -81,10 +81,12 @@ idle_capacity() {
         sleep 1
     done
     echo "clients up after $((SECONDS - t0)) s:"; grep -h '^idle:' "${logs[@]}"
-    local cpu0 cpu1; cpu0=$(cpu_ticks "$spid")
+    local cpu0 cpu1 ka0 ka1; cpu0=$(cpu_ticks "$spid") ka0=$(info_field rdma rdma_keepalives_sent)
     sleep 7   # past two keepalive ticks: TX buffers of idle connections released
-    cpu1=$(cpu_ticks "$spid")
+    cpu1=$(cpu_ticks "$spid") ka1=$(info_field rdma rdma_keepalives_sent)
     echo "server CPU while holding: $(( (${cpu1:-0} - ${cpu0:-0}) * 100 / $(getconf CLK_TCK) / 7 )) % of a core (7 s)"
+    # (the C module has no INFO rdma)
+    [ -n "$ka0" ] && [ -n "$ka1" ] && echo "keepalives while holding: $((ka1 - ka0)) in 7 s"
     local held=0 h cc rej rss pin fds maps crss=0 cpin=0 cfds=0 cmaps=0 c
     local peak=0 p
     for l in "${logs[@]}"; do

@@ -490,9 +490,14 @@ case_idle_at_default_limits() {
     declare -F module_of > /dev/null || module_of() { echo "$OUR_MODULE"; }
     out=$(IDLE_TAG=default-limits IDLE_PROCS=2 IDLE_TIMEOUT=600 IDLE_ULIMIT_N=keep idle_capacity "$n" ours "$WORK" 2>&1); rc=$?
     sysctl -qw vm.max_map_count="$old"
-    echo "$out" | grep -E '^(limits|server|clients? |idle-capacity|idle: (connected|second|OK))' | sed 's/^/# /'
+    echo "$out" | grep -E '^(limits|server|clients? |idle-capacity|keepalives|idle: (connected|second|OK))' | sed 's/^/# /'
     [ $rc = 0 ] || { fail "not every connection was held and answered twice"; echo "$out" | tail -n 20; return 1; }
     echo "$out" | grep -q "held $n of $n" || { fail "not $n held"; return 1; }
+    # Idle connections are probed in turns past 1,000 (docs/protocol.md §5): about 1,000
+    # Keepalives per 3 s period in all, so at most half as many again in the 7 s measured.
+    local ka bound=$(( (n < 1000 ? n : 1000) * 7 / 3 * 3 / 2 ))
+    ka=$(echo "$out" | sed -n 's/^keepalives while holding: \([0-9]*\) in 7 s/\1/p')
+    [ -n "$ka" ] && [ "$ka" -le "$bound" ] || { fail "Keepalives to $n idle connections in 7 s: ${ka:-?} (expected at most $bound)"; return 1; }
     maps=$(echo "$out" | sed -n 's/^idle-capacity.*maps \([0-9]*\);.*/\1/p')
     [ -n "$maps" ] && [ "$maps" -le 3 ] || { fail "memory mappings per connection: ${maps:-?} (expected at most 3)"; return 1; }
     # and no more memory per connection than before the buffers were shared (rxe: 317 KiB

@@ -265,3 +265,26 @@ pub struct RxBuffer {
     pub len: u32,
     pub key: u32,
 }
+
+/// What the endpoint saw at a keepalive tick, and whether this period is the turn of a
+/// quiet connection (docs/protocol.md §5): the inputs of [`Conn::keepalive_tick`](super::Conn::keepalive_tick).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TickFacts {
+    /// The ticks in a row at which sends were in flight and none completed.
+    pub unacknowledged_ticks: u32,
+    /// Data writes were posted since the last tick and some send completed in it.
+    pub busy_and_acknowledged: bool,
+    /// No send work request is in flight: nothing of ours waits for the peer's NIC.
+    pub nothing_in_flight: bool,
+    /// This period is the connection's turn to be probed while quiet (the keepalive
+    /// schedule's, `transport::keepalive_schedule`).
+    pub quiet_turn: bool,
+}
+
+impl TickFacts {
+    /// A tick with nothing unanswered, busy or not, at a quiet connection's turn: every
+    /// connection that is not busy gets its Keepalive.
+    pub fn every_period(busy_and_acknowledged: bool) -> TickFacts {
+        TickFacts { unacknowledged_ticks: 0, busy_and_acknowledged, nothing_in_flight: true, quiet_turn: true }
+    }
+}

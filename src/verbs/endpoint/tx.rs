@@ -114,12 +114,15 @@ impl Endpoint {
     /// - `busy_and_acknowledged`: data writes were posted since the last tick and some
     ///   send completed in it, so the peer is alive and needs no Keepalive now;
     /// - `released_tx`: the TX buffer [`release_idle_tx`](Self::release_idle_tx) gave
-    ///   up (it starts the next period's write count).
+    ///   up (it starts the next period's write count);
+    /// - `nothing_in_flight`: no send work request waits for the peer's NIC, so a
+    ///   Keepalive can wait for the connection's turn.
     pub fn keepalive_tick(&mut self) -> KeepaliveTick {
         let unacknowledged_ticks = self.tx.tick();
         let busy_and_acknowledged = self.writes_since_idle_check > 0 && self.tx.progressed_at_last_tick();
         let released_tx = self.release_idle_tx();
-        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, released_tx }
+        let nothing_in_flight = self.tx.in_flight() == 0;
+        KeepaliveTick { unacknowledged_ticks, busy_and_acknowledged, nothing_in_flight, released_tx }
     }
 
     /// Frees the TX buffer of a connection that posted no data write since the last
@@ -312,6 +315,7 @@ struct InlineWrite {
 pub struct KeepaliveTick {
     pub unacknowledged_ticks: u32,
     pub busy_and_acknowledged: bool,
+    pub nothing_in_flight: bool,
     pub released_tx: Option<ReleasedTx>,
 }
 
