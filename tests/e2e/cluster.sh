@@ -11,7 +11,7 @@
 #   - our client: valkey-rdma-cli -c (one command, a pipeline over every node);
 # and for our module, with our checked cluster client (valkey-rdma-bench --cluster)
 # writing and reading throughout:
-#   - 400 slots resharded between two primaries;
+#   - 100 slots resharded between two primaries, and 10 held half migrated;
 #   - a primary SIGKILLed, its replica promoted, the clients re-routed;
 # with the errors the client saw, acknowledged writes lost (and of those, writes a
 # replica had confirmed with WAIT, which must be none), and wrong reads counted.
@@ -83,7 +83,7 @@ case_cli_follows_moved() {  # IMPL: valkey-cli -c --rdma sets 100 keys over ever
 }
 
 case_benchmark_cluster() {  # IMPL: valkey-benchmark --cluster --rdma -t set,get
-    timeout 300 "$BENCH912" --cluster --rdma -h "$RDMA_ADDR" -p "${NODE_PORTS[0]}" -t set,get -n 20000 -c 8 -q \
+    timeout 300 "$BENCH912" --cluster --rdma -h "$RDMA_ADDR" -p "${NODE_PORTS[0]}" -t set,get -n 5000 -c 8 -q \
         > "$WORK/bench-cluster.log" 2>&1
     local t r ok=0
     for t in SET GET; do
@@ -175,26 +175,27 @@ stop_checked_run() { touch "$WORK/check.stop"; wait "$CHECK_PID"; sed 's/^/# /' 
 # check_field NAME: a number from the report line ("lost 0", "stale 0", …).
 check_field() { sed -n "s/^cluster:.*[ (]$1 \([0-9]*\).*/\1/p" "$WORK/check.out"; }
 
-case_resharding_under_load() {  # 400 slots move between primaries while our client writes and reads
+case_resharding_under_load() {  # 100 slots move between primaries while our client writes and reads
     checked_run
     sleep 5
     local from to p1 p2
     p1=$(primaries | sed -n 1p) p2=$(primaries | sed -n 2p)
     from=$(node_id "$p1") to=$(node_id "$p2")
     local t0=$SECONDS
-    # 400 slots: 40 s on the usual build machine, 150 s on a host that runs the guest
-    # 4-5 times slower (1,000 took 104 s and over 300 s). On failure the checked client is
-    # stopped too, so that it cannot write into the next case.
+    # 100 slots, each moved with its keys while the client writes into them: the
+    # redirections it meets are the same at 100 as at 400 (400 took 307 s on a host that
+    # runs the guest about 3 times slower). On failure the checked client is stopped too,
+    # so that it cannot write into the next case.
     timeout 600 "$CLI912" --cluster reshard "$RDMA_ADDR:$p1" --cluster-from "$from" --cluster-to "$to" \
-        --cluster-slots 400 --cluster-yes > "$WORK/reshard.log" 2>&1 \
+        --cluster-slots 100 --cluster-yes > "$WORK/reshard.log" 2>&1 \
         || { tail -n 5 "$WORK/reshard.log"; stop_checked_run; fail "reshard"; return 1; }
-    note "400 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
+    note "100 slots moved from :$p1 to :$p2 in $((SECONDS - t0)) s while writing"
     sleep 2
     stop_checked_run
     wait_cluster_ok || return 1
     local slots; slots=$("$CLI912" -p "$p2" CLUSTER NODES | awk '/myself/ { n = 0; for (i = 9; i <= NF; i++) { split($i, r, "-"); n += (r[2] == "" ? 1 : r[2] - r[1] + 1) } print n }')
     note "primary :$p2 now serves $slots slots"
-    [ "$slots" -ge 5861 ] || { fail "the slots did not move"; return 1; }
+    [ "$slots" -ge 5561 ] || { fail "the slots did not move"; return 1; }
     expect_eq "acknowledged writes lost by resharding" "$(check_field lost)" 0 || return 1
     expect_eq "stale reads" "$(check_field stale)" 0 || return 1
     local moved; moved=$(sed -n 's/^cluster client: moved \([0-9]*\) ask \([0-9]*\).*/\1+\2/p' "$WORK/check.out")
@@ -202,7 +203,7 @@ case_resharding_under_load() {  # 400 slots move between primaries while our cli
     [ "$(check_field writes)" -gt 0 ] || { fail "nothing written"; return 1; }
 }
 
-case_ask_under_load() {  # 40 slots held half migrated while our checked client writes and reads: it meets ASK
+case_ask_under_load() {  # 10 slots held half migrated while our checked client writes and reads: it meets ASK
     checked_run
     sleep 8   # every key written once
     local src dst slots=() k s
@@ -210,11 +211,11 @@ case_ask_under_load() {  # 40 slots held half migrated while our checked client 
     for k in $("$CLI912" -p "$src" --scan --pattern 'check:*' | head -n 200); do
         s=$("$CLI912" -p "$src" CLUSTER KEYSLOT "$k")
         [[ " ${slots[*]} " == *" $s "* ]] || slots+=("$s")
-        [ ${#slots[@]} -ge 40 ] && break
+        [ ${#slots[@]} -ge 10 ] && break
     done
-    [ ${#slots[@]} -ge 40 ] || { stop_checked_run; fail "found only ${#slots[@]} slots with keys on :$src"; return 1; }
+    [ ${#slots[@]} -ge 10 ] || { stop_checked_run; fail "found only ${#slots[@]} slots with keys on :$src"; return 1; }
     for s in "${slots[@]}"; do migrate_slot_begin "$s" "$src" "$dst" || { stop_checked_run; fail "slot $s"; return 1; }; done
-    note "40 slots half migrated :$src -> :$dst, their keys moved; held so for 10 s"
+    note "10 slots half migrated :$src -> :$dst, their keys moved; held so for 10 s"
     sleep 10
     for s in "${slots[@]}"; do migrate_slot_end "$s" "$dst" || { stop_checked_run; fail "slot $s not handed over"; return 1; }; done
     sleep 3
@@ -268,7 +269,9 @@ case_one_node_against_three() {  # numbers: SET/GET over RDMA, one node against 
     kill "$SERVER_PID"
 }
 
-for impl in ours c; do
+# CLUSTER_IMPLS: which modules' clusters run (the full ./runtest-rdma: ours only; the C
+# module's is the reference, run by ./runtest-rdma --cluster)
+for impl in ${CLUSTER_IMPLS:-ours c}; do
     [ $DEMO = yes ] && [ $impl = c ] && continue
     if ! start_cluster "$impl"; then
         FAILED=$((FAILED + 1)) FAILED_NAMES+=("cluster ($impl) comes up"); stop_cluster; continue
@@ -280,8 +283,8 @@ for impl in ours c; do
     run_case "cluster ($impl): a half-migrated slot: ASK followed by valkey-cli -c and valkey-rdma-cli -c" case_ask_followed
     if [ "$impl" = ours ]; then
         run_case "cluster (ours): one node against three primaries" case_one_node_against_three
-        run_case "cluster (ours): 400 slots resharded under RDMA load" case_resharding_under_load
-        run_case "cluster (ours): 40 slots half migrated under RDMA load (ASK)" case_ask_under_load
+        run_case "cluster (ours): 100 slots resharded under RDMA load" case_resharding_under_load
+        run_case "cluster (ours): 10 slots half migrated under RDMA load (ASK)" case_ask_under_load
         run_case "cluster (ours): failover of a primary under RDMA load" case_failover_under_load
     fi
     stop_cluster

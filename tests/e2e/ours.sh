@@ -373,7 +373,9 @@ run_case "ours dead peers: a SIGKILLed client's 50 connections are closed within
 case_stock_server() {  # SERVER: a stock binary we were not built with serves rdma-test
     local bin=$1 out
     start_server stock "$bin" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
-    out=$(timeout 300 "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 4 2>&1); local rc=$?
+    # (one thread: the four-thread run is the reference builds' case; this one shows the
+    # module loads and serves a build it was not made with)
+    out=$(timeout 300 "$VALKEY_912/tests/rdma/rdma-test" -h "$RDMA_ADDR" -p "$PORT" --thread 1 2>&1); local rc=$?
     echo "$out" | tail -n 1
     [ $rc = 0 ] && [[ $out == *"Valkey Over RDMA test [OK]"* ]] && server_alive
 }
