@@ -281,6 +281,7 @@ pub struct TickFacts {
     pub quiet_turn: bool,
 }
 
+#[cfg(test)]
 impl TickFacts {
     /// A tick with nothing unanswered, busy or not, at a quiet connection's turn: every
     /// connection that is not busy gets its Keepalive.
