@@ -32,8 +32,8 @@ pub(super) unsafe fn init(ctx: *mut Ctx) -> Result<(), &'static str> {
 }
 
 /// Sets the level below which the module's log lines are not even formatted to the
-/// server's `loglevel` (main thread; called at load and at every tick, so that a
-/// `CONFIG SET loglevel` is followed within one tick).
+/// server's `loglevel` (main thread; called at load and at the start of every keepalive
+/// period, so that a `CONFIG SET loglevel` is followed within one period, 3 s).
 pub(crate) fn follow_server_loglevel() {
     let ctx = LOG_CTX.load(Ordering::Acquire);
     // SAFETY: the detached context made in `init`, live for the process; main thread.

@@ -30,8 +30,9 @@ pub(crate) trait Transport: Sized + Send + Sync + 'static {
     fn on_listener_fd(fd: c_int);
     /// A fd watched with [`watch_fd`] is readable; `key` is what was passed there.
     fn on_watched_fd(key: usize);
-    /// The module's periodic timer ([`crate::protocol::KEEPALIVE_MS`]).
-    fn on_timer();
+    /// The module's periodic timer, ten firings per keepalive period
+    /// ([`crate::protocol::keepalive`]); true when this firing began a period.
+    fn on_timer() -> bool;
     /// (peer, local) addresses.
     fn addrs(c: &Hosted<Self>) -> (Option<SocketAddr>, Option<SocketAddr>);
     /// `ct->shutdown`.
@@ -223,9 +224,10 @@ unsafe extern "C" fn tick<T: Transport>(fd: c_int, _data: *mut c_void, _mask: c_
     // SAFETY: reads the 8-byte expiration count of our non-blocking timerfd.
     unsafe { libc::read(fd, (&raw mut expirations).cast(), 8) };
     guard((), || {
-        if !in_fork_child() {
+        // The server's loglevel is asked once per period: asking it (a CONFIG GET
+        // through the module API) costs more than the rest of a firing.
+        if !in_fork_child() && T::on_timer() {
             api::follow_server_loglevel();
-            T::on_timer();
         }
     });
 }

@@ -326,7 +326,7 @@ impl Transport for RdmaConnection {
             connection::on_completion_fd(&c);
         }
     }
-    fn on_timer() {
+    fn on_timer() -> bool {
         let firing = keepalive::Firing(MODULE.timer_firings.fetch_add(1, Ordering::Relaxed));
         let (ticked, live) = live::ticked_at(firing);
         let stride = keepalive::quiet_stride(live);
@@ -343,6 +343,7 @@ impl Transport for RdmaConnection {
             removal::release_finished();
             listener::listen_again();
         }
+        firing.starts_period()
     }
     fn addrs(c: &HostedConn) -> (Option<SocketAddr>, Option<SocketAddr>) {
         (c.inner.peer, c.inner.local)

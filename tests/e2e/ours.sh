@@ -257,6 +257,22 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
 }
 run_case "ours INFO rdma: counters move by known amounts" case_info_counters
 
+case_timer_asks_loglevel_per_period() {  # the module's timer asks the server's loglevel once per keepalive period
+    start_server timerlog "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
+    # (it asks with CONFIG GET through the module API, which the server counts in its
+    # commandstats; the timer fires ten times per 3 s period)
+    config_gets() { "$CLI912" -h 127.0.0.1 -p "$PORT" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_config|get:calls=\([0-9]*\),.*/\1/p'; }
+    local before after
+    before=$(config_gets)
+    sleep 7
+    after=$(config_gets)
+    local asked=$(( ${after:-0} - ${before:-0} ))
+    echo "# CONFIG GET calls in 7 s: $asked"
+    [ "$asked" -ge 1 ] && [ "$asked" -le 3 ] || { fail "the timer asked the loglevel $asked times in 7 s (expected 2 or 3: once per 3 s period)"; return 1; }
+    server_alive
+}
+run_case "ours timer: the server's loglevel asked once per keepalive period" case_timer_asks_loglevel_per_period
+
 # Pinned memory per idle connection (one that was used, then left idle, as in a client
 # pool), ours against the C module on the same server binary: our RX buffer starts at
 # 64 KiB and grows only for a client that fills it (docs/protocol.md §4.3); our TX buffer
