@@ -268,7 +268,7 @@ case_timer_asks_loglevel_per_period() {  # the module's timer asks the server's 
     after=$(config_gets)
     local asked=$(( ${after:-0} - ${before:-0} ))
     echo "# CONFIG GET calls in 7 s: $asked"
-    [ "$asked" -ge 1 ] && [ "$asked" -le 3 ] || { fail "the timer asked the loglevel $asked times in 7 s (expected 2 or 3: once per 3 s period)"; return 1; }
+    [ "$asked" -ge 1 ] && [ "$asked" -le 3 ] || { fail "the timer asked the loglevel $asked times in 7 s (expected 1 to 3: once per 3 s period, 2 or 3 on time, 1 if the event loop held the timer back)"; return 1; }
     server_alive
 }
 run_case "ours timer: the server's loglevel asked once per keepalive period" case_timer_asks_loglevel_per_period
