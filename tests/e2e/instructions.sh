@@ -33,7 +33,7 @@ WORKLOADS=(
 )
 
 clients_of() {  # PORT: the server's RDMA clients (its connected clients but this one, over TCP)
-    local n; n=$("$CLI912" -h 127.0.0.1 -p "$1" INFO clients 2>/dev/null | tr -d '\r' | sed -n 's/^connected_clients://p')
+    local n; n=$(server_info "$1" clients connected_clients)
     echo $(( ${n:-1} - 1 ))
 }
 

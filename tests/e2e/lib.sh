@@ -107,6 +107,10 @@ start_server() {
     return 1
 }
 
+# server_info PORT SECTION FIELD: one field of the server's INFO, asked over TCP (the
+# asker counts as one of its connected clients).
+server_info() { "$CLI912" -h 127.0.0.1 -p "$1" INFO "$2" 2>/dev/null | tr -d '\r' | sed -n "s/^$3://p"; }
+
 # server_alive: the last server still runs, has written no crash report, and answers a PING
 # over TCP within 120 s. A server that crashed can hang in its crash report for many minutes
 # (still a process, answering nothing: seen with the C module), so its log is checked first;

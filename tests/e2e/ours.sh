@@ -261,7 +261,7 @@ case_timer_asks_loglevel_per_period() {  # the module's timer asks the server's 
     start_server timerlog "$VALKEY_912/src/valkey-server" "${OURS[@]}" --rdma-bind "$RDMA_ADDR" --rdma-port @PORT@ || return 1
     # (it asks with CONFIG GET through the module API, which the server counts in its
     # commandstats; the timer fires ten times per 3 s period)
-    config_gets() { "$CLI912" -h 127.0.0.1 -p "$PORT" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_config|get:calls=\([0-9]*\),.*/\1/p'; }
+    config_gets() { server_info "$PORT" commandstats 'cmdstat_config|get' | sed -n 's/^calls=\([0-9]*\),.*/\1/p'; }
     local before after
     before=$(config_gets)
     sleep 7
