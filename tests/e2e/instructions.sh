@@ -8,7 +8,10 @@
 # libc, valkey-server itself, the rest; divided by the commands the server ran in the
 # window (its calls of processCommand, counted by callgrind too). The kernel's part
 # (system calls, the rxe transport) is not counted: on a NIC it mostly goes away. Nor is
-# the work of timers (per second, not per request; see measure_impl).
+# the work of timers (per second, not per request; see measure_impl). libc's block
+# copies get a column of their own: callgrind counts a `rep movsb` per byte, so a copy
+# cut into pieces of other sizes reads as thousands of instructions more or less per
+# request (callgrind_split.py); "whole process less copies" compares the rest.
 # Under TCG the timings are noise; these counts repeat to within a fraction of a percent.
 . "$(dirname "$(readlink -f "$0")")/lib.sh"
 OUT=${1:-$PWD}
@@ -109,16 +112,20 @@ workloads = list(dict.fromkeys(r["workload"] for r in rows))
 def per(split, *groups):
     return sum(split["ir"].get(g, 0) for g in groups) / max(split["requests"], 1)
 print("Instructions per request in valkey-server 9.1.2 (user space, callgrind): C module / ours (ratio)\n")
-print("| workload | requests C / ours | module | module + rdma-core | rdma-core | valkey-server | libc | whole process |")
-print("|---|---|---|---|---|---|---|---|")
+def copies(split):  # libc's block copies (memcpy, memmove): counted by callgrind per byte above a size
+    return split.get("copies", 0) / max(split["requests"], 1)
+WHOLE = ("module", "rdma-core", "valkey-server", "libc", "other")
+print("| workload | requests C / ours | module | module + rdma-core | rdma-core | valkey-server | libc | of which copies | whole process | whole process less copies |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     c, o = by.get(("c", w)), by.get(("ours", w))
     if not c or not o:
         continue
     cells = []
-    for groups in [("module",), ("module", "rdma-core"), ("rdma-core",), ("valkey-server",), ("libc",),
-                   ("module", "rdma-core", "valkey-server", "libc", "other")]:
-        a, b = per(c, *groups), per(o, *groups)
+    for a, b in [(per(c, *g), per(o, *g)) for g in [("module",), ("module", "rdma-core"), ("rdma-core",),
+                                                    ("valkey-server",), ("libc",)]] + [
+            (copies(c), copies(o)), (per(c, *WHOLE), per(o, *WHOLE)),
+            (per(c, *WHOLE) - copies(c), per(o, *WHOLE) - copies(o))]:
         cells.append(f"{a:,.0f} / {b:,.0f} ({b / a:.2f})" if a else f"{a:,.0f} / {b:,.0f}")
     print(f"| {w} | {c['requests']:,} / {o['requests']:,} | " + " | ".join(cells) + " |")
 print("\nOur module's top functions (self instructions per request):\n")
