@@ -227,6 +227,7 @@ impl<N: Nic> Driver<N> {
     /// Writes as much of `parts` as the peer's window and the send queue take now, as
     /// one write for the peer (docs/protocol.md §4.1). The second value: a failure the
     /// post caused (the write then fails too).
+    #[inline(always)]
     pub fn write(&mut self, parts: &[&[u8]]) -> (Result<WriteGrant, WriteError>, Option<Failure>) {
         let total = parts_len(parts);
         let total = if total <= self.nic.write_never_cut() {

@@ -114,6 +114,7 @@ impl Nic for ServerNic {
     fn write_never_cut(&self) -> usize {
         self.ep.as_ref().map_or(0, Nic::write_never_cut)
     }
+    #[inline(always)]
     fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Nic::post_write(self.ep.as_mut().ok_or(TORN_DOWN)?, grant, parts)?;
         stats::add(&MODULE.stats.bytes_out, grant.len.into());
@@ -310,7 +311,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
 /// the peer (a chain of work requests over the TX chunks, docs/protocol.md §4.3).
 /// `Some(0)`: nothing now (a completion reopens the window); `None`: the connection is
 /// over.
-#[inline]
+#[inline(always)]
 pub(crate) fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
     use crate::protocol::conn::WriteError;
     let mut g = c.inner.lock_for_data();
@@ -367,16 +368,53 @@ impl super::shared_cqs::Delivery for ToConnections {
 }
 
 /// Completions of this connection's QP taken from a shared CQ
-/// ([`super::shared_cqs`]), in arrival order: the endpoint's bookkeeping, then the core.
+/// ([`super::shared_cqs`]), in arrival order: each one's endpoint bookkeeping, then at
+/// once the core (no list between), then the control messages they queued; the state is
+/// published with the first failure. Nothing is done once the endpoint is torn down.
 pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
-    with_completions(c, |ep, completions, core| {
-        for wc in wcs {
-            if let Err(e) = ep.on_completion(wc, |c| completions.push(c)) {
-                return core.on_local_error(e.op.name(), e.errno).err();
+    let mut g = c.inner.lock_for_data();
+    let inner = &mut *g;
+    let (mut failed, mut writes_in) = (None, 0);
+    for wc in wcs {
+        let Some(ep) = inner.d.nic.ep.as_mut() else { return };
+        let completion = match ep.take_completion(wc) {
+            Ok(Some(completion)) => completion,
+            Ok(None) => continue,
+            Err(e) => {
+                if let Err(f) = inner.d.core.on_local_error(e.op.name(), e.errno) {
+                    failed.get_or_insert(f);
+                }
+                break;
+            }
+        };
+        match inner.d.on_completion(completion) {
+            Ok(r) => seen(c, r, &mut writes_in),
+            Err(f) => {
+                failed.get_or_insert(f);
             }
         }
-        None
-    });
+    }
+    if let Err(f) = inner.d.flush_control() {
+        failed.get_or_insert(f);
+    }
+    stats::add(&MODULE.stats.writes_in, writes_in);
+    publish(c, inner, failed);
+}
+
+/// What a completion meant, counted: data writes in `writes_in`, Keepalives, and
+/// features the peer asked for that are not supported (logged, rate-limited: a peer may
+/// send them as fast as it likes).
+#[inline(always)]
+fn seen(c: &HostedConn, r: Received, writes_in: &mut u64) {
+    match r {
+        Received::Data => *writes_in += 1,
+        Received::Keepalive => stats::add(&MODULE.stats.keepalives_received, 1),
+        Received::UnsupportedFeatures(f) => super::log_limited_at(
+            log::Level::Debug,
+            format_args!("RDMA client {}: SetClientFeature {f:#x} is not supported; ignored", c.inner.peer_name()),
+        ),
+        _ => {}
+    }
 }
 
 /// Under the lock: `take` fills the (cleared) completion list from the endpoint, then
@@ -392,16 +430,7 @@ fn with_completions(
     inner.completions.clear();
     let mut failed = take(ep, &mut inner.completions, &mut inner.d.core);
     let mut writes_in = 0;
-    let fed = inner.d.feed(&inner.completions, |r| match r {
-        Received::Data => writes_in += 1,
-        Received::Keepalive => stats::add(&MODULE.stats.keepalives_received, 1),
-        // (a peer may send these as fast as it likes: rate-limited like a violation)
-        Received::UnsupportedFeatures(f) => super::log_limited_at(
-            log::Level::Debug,
-            format_args!("RDMA client {}: SetClientFeature {f:#x} is not supported; ignored", c.inner.peer_name()),
-        ),
-        _ => {}
-    });
+    let fed = inner.d.feed(&inner.completions, |r| seen(c, r, &mut writes_in));
     stats::add(&MODULE.stats.writes_in, writes_in);
     if let Some(f) = fed {
         failed.get_or_insert(f);

@@ -362,7 +362,7 @@ impl Transport for RdmaConnection {
     fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
         connection::read(c, buf)
     }
-    #[inline]
+    #[inline(always)]
     fn write(c: &HostedConn, parts: &[&[u8]]) -> Option<usize> {
         connection::write(c, parts)
     }

@@ -33,6 +33,7 @@ impl Nic for Endpoint {
     fn write_never_cut(&self) -> usize {
         self.tx_write_never_cut() as usize
     }
+    #[inline(always)]
     fn post_write(&mut self, g: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Endpoint::post_write(self, g.offset, parts, g.len, g.remote_addr, g.rkey).map_err(LocalError::from)
     }

@@ -149,12 +149,14 @@ impl Endpoint {
     /// `offset` and writes them to `remote_addr + offset` as one write for the peer:
     /// one RDMA_WRITE_WITH_IMM of `len` bytes, after plain RDMA_WRITEs for the chunks
     /// beyond the first two ([`tx_plan`]).
+    #[inline(always)]
     pub fn post_write(&mut self, offset: u32, parts: &[&[u8]], len: u32, remote_addr: u64, rkey: u32) -> Result<()> {
         self.post_write_imm(offset, parts, len, remote_addr, rkey, len)
     }
 
     /// As [`post_write`](Self::post_write) with an explicit immediate. Only the test
     /// peer (`client::hostile`) sends one that differs from the length.
+    #[inline(always)]
     pub fn post_write_imm(
         &mut self,
         offset: u32,
@@ -197,6 +199,7 @@ impl Endpoint {
     /// device copies them into the work request as it is posted, so no TX buffer is
     /// made, written or registered for them, and the device reads no memory of ours
     /// for them afterwards. The peer sees the same write as from the TX buffer.
+    #[inline(always)]
     fn post_inline_write(&mut self, w: InlineWrite, parts: &[&[u8]]) -> Result<()> {
         let InlineWrite { offset, len, remote_addr, rkey, imm } = w;
         let total = len as usize;
@@ -238,6 +241,7 @@ impl Endpoint {
     /// RDMA_WRITEs, the last an RDMA_WRITE_WITH_IMM carrying `imm`. The peer is told
     /// only by the last one's immediate; on a reliable connection its completion means
     /// that the bytes of the earlier ones are placed (docs/protocol.md §4.3).
+    #[inline(always)]
     pub(super) fn post_write_chain(
         &mut self,
         offset: u32,
@@ -254,6 +258,21 @@ impl Endpoint {
             let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
             return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
         }
+        self.post_planned_write(offset, len, remote_addr, rkey, imm, chunk)
+    }
+
+    /// [`post_write_chain`](Self::post_write_chain) of a write over more than one chunk:
+    /// out of line, so that the usual write's path stays one function.
+    #[inline(never)]
+    fn post_planned_write(
+        &mut self,
+        offset: u32,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+        chunk: u32,
+    ) -> Result<()> {
         let plan = tx_plan::plan(offset, len, chunk).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
         let n = plan.len();
         if n as u64 > self.data_wr_room().max(1) {
