@@ -65,11 +65,13 @@ pub(crate) struct Shared {
     owners: Vec<OwnerMap>,
     /// Per CQ: the last poll stopped at the budget with completions left.
     left: Vec<bool>,
+    /// The number of the latest poll routed (never 0: an owner not yet routed has 0).
+    routed: u32,
 }
 
 impl Shared {
     pub(crate) const fn new() -> Shared {
-        Shared { channels: Vec::new(), cqs: Vec::new(), owners: Vec::new(), left: Vec::new() }
+        Shared { channels: Vec::new(), cqs: Vec::new(), owners: Vec::new(), left: Vec::new(), routed: 0 }
     }
 }
 
@@ -160,7 +162,7 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
 /// The connection `c` owns QP `qp_num` on CQ `cq`: its completions go to it.
 pub(crate) fn register(cq: usize, qp_num: u32, c: &Arc<HostedConn>) {
     if let Some(o) = MODULE.shared_cqs.lock().owners.get_mut(cq) {
-        o.insert(qp_num, Arc::downgrade(c));
+        o.insert(qp_num, Owner::new(Arc::downgrade(c)));
     }
 }
 
@@ -174,7 +176,8 @@ pub(crate) fn unregister(cq: usize, qp_num: u32) {
 /// What a poll does with the connections that got completions: in the module,
 /// `connection::ToConnections` (their cores, then their handlers); in the tests, a record.
 pub(crate) trait Delivery {
-    /// Connection `c`'s completions of this poll, in arrival order.
+    /// Consecutive completions of connection `c` in this poll, in arrival order (a
+    /// connection whose completions came between others' gets more than one call).
     fn completions(&mut self, c: &Arc<HostedConn>, wcs: &[WorkCompletion]);
     /// Run its handlers now (the CQ's fd fired, or the pending turn came).
     fn run(&mut self, c: &Arc<HostedConn>);
@@ -182,14 +185,14 @@ pub(crate) trait Delivery {
     fn queue(&mut self, c: &Arc<HostedConn>);
 }
 
-/// The fd of channel `channel` fired: each CQ it names is polled once.
+/// The fd of channel `channel` fired: the CQ its event names is polled once.
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
     let Some(ch) = MODULE.shared_cqs.lock().channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
     else {
         return;
     };
-    ch.take_events(|cq| {
+    ch.take_event(|cq| {
         let i = MODULE.shared_cqs.lock().cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
         if let Some(i) = i {
             poll(i, Then::RunHandlers, d);
@@ -286,9 +289,9 @@ pub(crate) fn vectors() -> (u64, u64) {
     (used.len() as u64, available.max(0) as u64)
 }
 
-/// One budgeted poll of CQ `cq`: the completions go to their connections' cores, one
-/// lock per connection, in arrival order within each; then each of those connections
-/// runs (or is queued). Returns whether completions were left.
+/// One budgeted poll of CQ `cq`: the completions go to their connections' cores in
+/// arrival order, one lock per run of a connection's completions; then each of those
+/// connections runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     let Some(q) = MODULE.shared_cqs.lock().cqs.get(cq).cloned().flatten() else { return false };
     // (the test knob makes the budget small, so that the suite reaches this path)
@@ -307,7 +310,9 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     {
         let mut shared = MODULE.shared_cqs.lock();
         set_left(&mut shared, cq, left);
-        s.routes.route(&shared.owners[cq], &s.polled, Weak::upgrade);
+        shared.routed = shared.routed.checked_add(1).unwrap_or(1);
+        let serial = shared.routed;
+        s.routes.route(&mut shared.owners[cq], serial, &s.polled, Weak::upgrade);
     }
     s.deliver(then, d);
     s.put_back();
@@ -321,11 +326,9 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
 struct Scratch {
     /// The completions of the poll, in arrival order.
     polled: Vec<WorkCompletion>,
-    /// Each group holds its connection until its handlers ran; emptied before the
+    /// Each visit holds its connection until its handlers ran; emptied before the
     /// scratch is put back, so that a kept scratch holds no connection.
     routes: Routes<Arc<HostedConn>>,
-    /// Indices into `routes.groups`, in the order the handlers run.
-    order: Vec<usize>,
 }
 
 thread_local! {
@@ -341,221 +344,139 @@ impl Scratch {
     }
 
     /// The routed completions to their connections, then their handlers (or the
-    /// pending list), in [`Routes::handler_order`].
+    /// pending list), in [`Routes::take_in_handler_order`].
     fn deliver(&mut self, then: Then, d: &mut impl Delivery) {
         // Every completion reaches its core before any handler runs: a handler may
         // process events while it blocks (a long script), and a poll nested there must
         // find nothing of this one still undelivered, or a connection would see later
-        // bytes first.
-        for (g, group) in self.routes.groups.iter().enumerate() {
-            if let Some(c) = &group.owner {
-                d.completions(c, self.routes.completions_of(g, &self.polled));
+        // bytes first. Runs go in arrival order, so each connection's do too.
+        for run in &self.routes.runs {
+            if let Some(c) = &self.routes.visits[run.visit as usize].owner {
+                d.completions(c, &self.polled[run.start as usize..run.end as usize]);
             }
         }
-        self.routes.take_in_handler_order(&mut self.order, |c| match then {
+        self.routes.take_in_handler_order(|c| match then {
             Then::RunHandlers => d.run(&c),
             Then::Queue => d.queue(&c),
         });
     }
 
-    /// `routes` and `order` are cleared where they are filled (and the routes' groups
-    /// here: they must not keep a connection alive); `polled` is pushed to.
+    /// `routes` is cleared where it is filled (and its visits here: they must not keep
+    /// a connection alive); `polled` is pushed to.
     fn put_back(mut self: Box<Self>) {
         self.polled.clear();
-        self.routes.groups.clear();
+        self.routes.visits.clear();
         SCRATCHES.with_borrow_mut(|kept| kept.push(self));
     }
 }
 
-/// Groups up to this many are found by a scan of the groups; beyond, by a table.
-const SCANNED_GROUPS: usize = 8;
-/// The group of a completion whose QP has no owner.
-const NO_GROUP: u32 = u32::MAX;
+/// A completion whose QP has no owner (a closed connection) has no visit.
+const NO_VISIT: u32 = u32::MAX;
 
-/// One poll's completions by the connection that owns their QP: `groups` in the order
-/// each connection first appears, and each group's completions in arrival order.
-/// `T` is the owner (the connection; a plain key in the tests), resolved once per group.
+/// One poll's completions by the connection that owns their QP, made in one pass and
+/// with one look-up of the owner table per run of a connection's completions: the
+/// connections in the order each first appears (`visits`), the runs of consecutive
+/// completions of one connection in arrival order (`runs`), and which connections
+/// received something, in the order of their first receive (`receivers`). Completions
+/// stay where the poll put them: a run is a range of them. `T` is the owner (the
+/// connection; a plain key in the tests), resolved once per poll.
 struct Routes<T> {
-    groups: Vec<Group<T>>,
-    /// Whether the poll's completions came group after group, none dropped (the usual
-    /// case): each group's are then a slice of the poll's, and `by_group` is not filled.
-    in_order: bool,
-    /// Whether the groups that received got their first receive in group order (the
-    /// usual case): [`Routes::handler_order`] is then the receivers backwards, then the
-    /// rest.
-    receivers_in_group_order: bool,
-    /// Unless `in_order`: the completions, group after group (group `g`'s end where
-    /// group `g + 1`'s begin).
-    by_group: Vec<WorkCompletion>,
-    /// QP number → its group, once there are more than [`SCANNED_GROUPS`].
-    group_of_qp: HashMap<u32, usize, AddressHash>,
-    /// For `handler_order`: (first receive, group) of the groups that received.
-    receivers: Vec<(u32, usize)>,
+    visits: Vec<Visit<T>>,
+    runs: Vec<CompletionRun>,
+    receivers: Vec<u32>,
 }
 
 impl<T> Default for Routes<T> {
     fn default() -> Self {
-        Routes {
-            groups: Vec::new(),
-            in_order: true,
-            receivers_in_group_order: true,
-            by_group: Vec::new(),
-            group_of_qp: HashMap::default(),
-            receivers: Vec::new(),
-        }
+        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new() }
     }
 }
 
 /// One connection's place in one poll.
-struct Group<T> {
+struct Visit<T> {
     /// `None` once its handlers ran.
     owner: Option<T>,
-    qp: u32,
-    /// Where its first receive came in the poll, if it had one.
-    first_receive: Option<u32>,
-    /// How many completions it has, then where they end (in the poll's completions when
-    /// [`Routes::in_order`], else in `Routes::by_group`).
+    received: bool,
+}
+
+/// Consecutive completions of one connection: `start..end` of the poll's.
+struct CompletionRun {
+    visit: u32,
+    start: u32,
     end: u32,
 }
 
 impl<T> Routes<T> {
     fn clear(&mut self) {
-        self.groups.clear();
-        self.by_group.clear();
-        if !self.group_of_qp.is_empty() {
-            self.group_of_qp.clear();
-        }
+        self.visits.clear();
+        self.runs.clear();
         self.receivers.clear();
     }
 
-    /// Sorts `wcs` by the connection that owns their QP, in the order each connection
-    /// first appears and in arrival order within each; those of QPs with no owner (a
-    /// closed connection) are dropped. No sorting and, for a few connections, no
-    /// hashing: each completion's group is found (the last one's, a scan of a few, or
-    /// the table), the groups are counted, and the completions placed by the counts
-    /// (left as they are when they came group after group already).
-    /// `resolve` turns an owner into a connection (`None`: gone).
-    fn route<O>(&mut self, owners: &OwnerMap<O>, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> Option<T>) {
+    /// Routes `wcs`, the completions of poll number `serial` ([`Shared::routed`]):
+    /// each run of one QP's completions to the connection that owns it; those of QPs
+    /// with no owner (a closed connection) are dropped. `resolve` turns an owner into a
+    /// connection (`None`: gone). The owner table notes each owner's visit in this poll,
+    /// so no search of the visits is made.
+    fn route<O>(
+        &mut self,
+        owners: &mut OwnerMap<O>,
+        serial: u32,
+        wcs: &[WorkCompletion],
+        resolve: impl Fn(&O) -> Option<T>,
+    ) {
         self.clear();
-        // (qp, its group) of the completion before
-        let mut last = (NO_GROUP, NO_GROUP);
-        // Whether the completions already come group after group (each connection's in
-        // one run, none dropped): the usual case, one completion per connection.
-        let mut in_order = true;
-        // The group that got the latest first receive, and whether each such group came
-        // after the one before.
-        let (mut last_receiver, mut receivers_in_group_order) = (None, true);
+        let (mut last_qp, mut visit) = (None, NO_VISIT);
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
-            let g = if qp == last.0 {
-                last.1
-            } else {
-                let g = self.group_of(owners, qp, &resolve);
-                // a new run must be a new group, the one made last
-                in_order &= g != NO_GROUP && g as usize + 1 == self.groups.len();
-                last = (qp, g);
-                g
-            };
-            let Some(group) = self.groups.get_mut(g as usize) else { continue };
-            group.end += 1;
-            if wc.is_receive() && group.first_receive.is_none() {
-                group.first_receive = Some(i as u32);
-                receivers_in_group_order &= last_receiver.is_none_or(|r| g > r);
-                last_receiver = Some(g);
-            }
-        }
-        (self.in_order, self.receivers_in_group_order) = (in_order, receivers_in_group_order);
-        if in_order {
-            // counts → where each group ends; the completions stay as they came
-            let mut at = 0;
-            for group in &mut self.groups {
-                at += group.end;
-                group.end = at;
-            }
-            return;
-        }
-        // counts → where each group starts, then each completion to its place (each
-        // group's `end` moves from its start to its end as they are placed)
-        let mut at = 0;
-        for group in &mut self.groups {
-            (group.end, at) = (at, at + group.end);
-        }
-        let Some(filler) = wcs.first() else { return };
-        self.by_group.resize(at as usize, filler.clone());
-        let mut last = (NO_GROUP, None);
-        for wc in wcs {
-            let qp = wc.qp_num();
-            let g = if qp == last.0 { last.1 } else { self.find_group(qp) };
-            last = (qp, g);
-            if let Some(group) = g.and_then(|g| self.groups.get_mut(g)) {
-                self.by_group[group.end as usize] = wc.clone();
-                group.end += 1;
-            }
-        }
-    }
-
-    /// The group this poll made for QP `qp`, if any: a scan of a few, or the table.
-    #[inline(always)]
-    fn find_group(&mut self, qp: u32) -> Option<usize> {
-        if self.groups.len() <= SCANNED_GROUPS {
-            return self.groups.iter().position(|g| g.qp == qp);
-        }
-        if self.group_of_qp.is_empty() {
-            self.group_of_qp.extend(self.groups.iter().enumerate().map(|(g, group)| (group.qp, g)));
-        }
-        self.group_of_qp.get(&qp).copied()
-    }
-
-    /// The group of QP `qp` in this poll, made when it is the first completion of its
-    /// QP; [`NO_GROUP`] when no connection owns it.
-    fn group_of<O>(&mut self, owners: &OwnerMap<O>, qp: u32, resolve: impl Fn(&O) -> Option<T>) -> u32 {
-        if let Some(g) = self.find_group(qp) {
-            return g as u32;
-        }
-        let Some(owner) = owners.get(&qp).and_then(resolve) else { return NO_GROUP };
-        let g = self.groups.len();
-        self.groups.push(Group { owner: Some(owner), qp, first_receive: None, end: 0 });
-        if !self.group_of_qp.is_empty() {
-            self.group_of_qp.insert(qp, g);
-        }
-        g as u32
-    }
-
-    /// Group `g`'s completions; `wcs` are the poll's, as routed.
-    fn completions_of<'a>(&'a self, g: usize, wcs: &'a [WorkCompletion]) -> &'a [WorkCompletion] {
-        let start = if g == 0 { 0 } else { self.groups[g - 1].end as usize };
-        let all = if self.in_order { wcs } else { &self.by_group };
-        &all[start..self.groups[g].end as usize]
-    }
-
-    /// Takes each group's owner out, in [`handler_order`](Self::handler_order), and
-    /// hands it to `f`. In the usual poll (the receivers got their first receive in
-    /// group order) that order is the receivers backwards, then the rest as they came:
-    /// walked without building it.
-    fn take_in_handler_order(&mut self, order: &mut Vec<usize>, mut f: impl FnMut(T)) {
-        if self.receivers_in_group_order {
-            let groups = &mut self.groups;
-            for g in (0..groups.len()).rev() {
-                if groups[g].first_receive.is_some() {
-                    groups[g].owner.take().map(&mut f);
+            if last_qp != Some(qp) {
+                last_qp = Some(qp);
+                visit = self.visit_of(owners, serial, qp, &resolve);
+                if visit != NO_VISIT {
+                    self.runs.push(CompletionRun { visit, start: i as u32, end: i as u32 });
                 }
             }
-            for group in groups.iter_mut() {
-                group.owner.take().map(&mut f);
+            let Some(run) = self.runs.last_mut().filter(|_| visit != NO_VISIT) else { continue };
+            run.end = i as u32 + 1;
+            if wc.is_receive() {
+                let v = &mut self.visits[visit as usize];
+                if !v.received {
+                    v.received = true;
+                    self.receivers.push(visit);
+                }
             }
-            return;
-        }
-        self.handler_order(order);
-        for &g in order.iter() {
-            self.groups[g].owner.take().map(&mut f);
         }
     }
 
-    /// The order in which the connections of one poll run their handlers (indices into
-    /// `groups`): those that received something in reverse order of their first
-    /// receive, then the rest (send completions only: a reopened window) as they came.
+    /// The visit of QP `qp` in poll `serial`, made at its first completion of the poll;
+    /// [`NO_VISIT`] when no live connection owns it.
+    #[inline(always)]
+    fn visit_of<O>(
+        &mut self,
+        owners: &mut OwnerMap<O>,
+        serial: u32,
+        qp: u32,
+        resolve: impl Fn(&O) -> Option<T>,
+    ) -> u32 {
+        let Some(o) = owners.get_mut(&qp) else { return NO_VISIT };
+        if o.routed_in != serial {
+            o.routed_in = serial;
+            o.visit = match resolve(&o.conn) {
+                Some(owner) => {
+                    self.visits.push(Visit { owner: Some(owner), received: false });
+                    self.visits.len() as u32 - 1
+                }
+                None => NO_VISIT,
+            };
+        }
+        o.visit
+    }
+
+    /// Takes each visit's owner out, in the order the handlers run, and hands it to `f`:
+    /// the connections that received something, latest first receive first, then the
+    /// rest (send completions only: a reopened window) as they came.
     ///
-    /// Why reverse: the server queues a client with a new reply at the head of its
+    /// Why latest first: the server queues a client with a new reply at the head of its
     /// pending-write list and writes that list from the head before it sleeps
     /// (`putClientInPendingWriteQueue` and `handleClientsWithPendingWrites` in Valkey's
     /// networking.c). Handlers run in arrival order would have the request that arrived
@@ -564,45 +485,65 @@ impl<T> Routes<T> {
     /// the whole batch (docs/protocol.md §4.6). Run in reverse, the replies go out in the
     /// order the requests arrived, as they do when each connection has a wake-up of its
     /// own.
-    fn handler_order(&mut self, order: &mut Vec<usize>) {
-        let groups = &self.groups;
-        order.clear();
-        if self.receivers_in_group_order {
-            // Groups are made in the order their connections first appear, so their first
-            // receives usually come in group order too (`route` noted whether they did):
-            // then the receivers are the groups backwards, with no sort.
-            order.extend((0..groups.len()).rev().filter(|&g| groups[g].first_receive.is_some()));
-        } else {
-            self.receivers.clear();
-            self.receivers.extend(groups.iter().enumerate().filter_map(|(g, group)| Some((group.first_receive?, g))));
-            self.receivers.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
-            order.extend(self.receivers.iter().map(|&(_, g)| g));
+    fn take_in_handler_order(&mut self, mut f: impl FnMut(T)) {
+        for &v in self.receivers.iter().rev() {
+            self.visits[v as usize].owner.take().map(&mut f);
         }
-        order.extend(groups.iter().enumerate().filter(|(_, group)| group.first_receive.is_none()).map(|(g, _)| g));
+        for visit in &mut self.visits {
+            visit.owner.take().map(&mut f);
+        }
     }
 }
 
 /// Per CQ: QP number → the connection that owns it (weakly: a connection is taken out
-/// when it closes, and never kept alive by its CQ).
-type OwnerMap<T = Weak<HostedConn>> = HashMap<u32, T, AddressHash>;
+/// when it closes, and never kept alive by its CQ), with its visit in the latest poll.
+type OwnerMap<T = Weak<HostedConn>> = HashMap<u32, Owner<T>, AddressHash>;
+
+/// A QP's owner, and where the poll numbered `routed_in` put it.
+struct Owner<T> {
+    conn: T,
+    routed_in: u32,
+    visit: u32,
+}
+
+impl<T> Owner<T> {
+    fn new(conn: T) -> Self {
+        Owner { conn, routed_in: 0, visit: NO_VISIT }
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn owners(pairs: &[(u32, usize)]) -> OwnerMap<usize> {
-        pairs.iter().copied().collect()
+        pairs.iter().map(|&(qp, key)| (qp, Owner::new(key))).collect()
     }
 
-    fn routed(routes: &Routes<usize>, wcs: &[WorkCompletion]) -> Vec<(usize, Vec<u64>)> {
-        (0..routes.groups.len())
-            .map(|g| {
-                (routes.groups[g].owner.unwrap(), routes.completions_of(g, wcs).iter().map(|wc| wc.wr_id()).collect())
+    /// A routing of `wcs` (poll number `serial`): (owner, wr_ids) per run in delivery
+    /// order, and the owners in the order their handlers run.
+    fn routed(
+        routes: &mut Routes<usize>,
+        owners: &mut OwnerMap<usize>,
+        serial: u32,
+        wcs: &[WorkCompletion],
+    ) -> (Vec<(usize, Vec<u64>)>, Vec<usize>) {
+        routes.route(owners, serial, wcs, |k| Some(*k));
+        let runs = routes
+            .runs
+            .iter()
+            .map(|r| {
+                let ids = wcs[r.start as usize..r.end as usize].iter().map(|wc| wc.wr_id()).collect();
+                (routes.visits[r.visit as usize].owner.unwrap(), ids)
             })
-            .collect()
+            .collect();
+        let mut order = Vec::new();
+        routes.take_in_handler_order(|k| order.push(k));
+        assert!(routes.visits.iter().all(|v| v.owner.is_none()), "every owner is taken once");
+        (runs, order)
     }
 
-    /// What a poll delivered: (connection key, wr_ids) per connection, then the keys whose
+    /// What a poll delivered: (connection key, wr_ids) per call, then the keys whose
     /// handlers ran or were queued, in order.
     #[derive(Default)]
     struct Record {
@@ -627,10 +568,11 @@ mod tests {
         use crate::transport::connection::tests::{connection, serial};
         let _s = serial();
         let (a, b, c) = (connection(0, true), connection(0, true), connection(0, true));
-        let mut owners: OwnerMap = [(1, &a), (2, &b), (3, &c)].iter().map(|(qp, c)| (*qp, Arc::downgrade(c))).collect();
+        let mut owners: OwnerMap =
+            [(1, &a), (2, &b), (3, &c)].iter().map(|(qp, c)| (*qp, Owner::new(Arc::downgrade(c)))).collect();
         // QP 4's connection is gone (freed) before the poll's completions are delivered:
         // they are dropped
-        owners.insert(4, Weak::new());
+        owners.insert(4, Owner::new(Weak::new()));
         // b's request first, then a's; c only had a send complete (its window reopened)
         let wcs = vec![
             WorkCompletion::received(2, 1),
@@ -640,19 +582,23 @@ mod tests {
             WorkCompletion::received(2, 5),
             WorkCompletion::received(9, 6),
         ];
-        for then in [Then::RunHandlers, Then::Queue] {
-            let mut s = Scratch::default();
-            s.routes.route(&owners, &wcs, Weak::upgrade);
+        for (serial, then) in [(1, Then::RunHandlers), (2, Then::Queue)] {
+            let mut s = Scratch { polled: wcs.clone(), ..Default::default() };
+            s.routes.route(&mut owners, serial, &s.polled, Weak::upgrade);
             let mut d = Record::default();
             s.deliver(then, &mut d);
-            assert_eq!(d.completions, vec![(b.key(), vec![1, 5]), (c.key(), vec![2]), (a.key(), vec![4])]);
+            assert_eq!(
+                d.completions,
+                vec![(b.key(), vec![1]), (c.key(), vec![2]), (a.key(), vec![4]), (b.key(), vec![5])],
+                "in arrival order, each run to its connection, the dead and unknown QPs' dropped"
+            );
             let how = if then == Then::RunHandlers { "run" } else { "queue" };
             assert_eq!(
                 d.then,
                 vec![(a.key(), how), (b.key(), how), (c.key(), how)],
                 "latest first receive first, then the connections without a receive"
             );
-            assert!(s.routes.groups.iter().all(|g| g.owner.is_none()), "the scratch keeps no connection alive");
+            assert!(s.routes.visits.iter().all(|v| v.owner.is_none()), "the scratch keeps no connection alive");
         }
         for x in [&a, &b, &c] {
             crate::transport::connection::close(x);
@@ -661,112 +607,78 @@ mod tests {
 
     #[test]
     fn completions_go_to_their_owners_in_order_and_those_of_closed_connections_are_dropped() {
-        let owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xa000 + 0x40)]);
-        let wcs: Vec<WorkCompletion> = [(11, 1), (10, 2), (99, 3), (11, 4), (12, 5), (10, 6)]
+        let mut owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xa040)]);
+        let wcs: Vec<WorkCompletion> = [(11, 1), (11, 4), (10, 2), (99, 3), (12, 5), (10, 6)]
             .into_iter()
             .map(|(qp, id)| WorkCompletion::received(qp, id))
             .collect();
         let mut routes = Routes::default();
-        routes.route(&owners, &wcs, |k| Some(*k));
-        assert_eq!(routed(&routes, &wcs), vec![(0xb000, vec![1, 4]), (0xa000, vec![2, 6]), (0xa040, vec![5])]);
+        let (runs, _) = routed(&mut routes, &mut owners, 1, &wcs);
+        assert_eq!(runs, vec![(0xb000, vec![1, 4]), (0xa000, vec![2]), (0xa040, vec![5]), (0xa000, vec![6])]);
         // A kept scratch routes the next poll afresh.
-        routes.route(&owners, &wcs[4..], |k| Some(*k));
-        assert_eq!(routed(&routes, &wcs[4..]), vec![(0xa040, vec![5]), (0xa000, vec![6])]);
+        let (runs, _) = routed(&mut routes, &mut owners, 2, &wcs[4..]);
+        assert_eq!(runs, vec![(0xa040, vec![5]), (0xa000, vec![6])]);
         let gone = [WorkCompletion::received(99, 7)];
-        routes.route(&owners, &gone, |k| Some(*k));
-        assert_eq!(routed(&routes, &gone), vec![]);
+        let (runs, order) = routed(&mut routes, &mut owners, 3, &gone);
+        assert_eq!((runs, order), (vec![], vec![]));
     }
 
-    /// What routing must give: (owner, wr_ids) in the order each owner first appears.
-    fn plain_grouping(owners: &OwnerMap<usize>, wcs: &[WorkCompletion]) -> Vec<(usize, Vec<u64>)> {
-        let mut want: Vec<(usize, Vec<u64>)> = Vec::new();
+    /// What routing must give for `wcs` (each (qp, is a receive)): the owned
+    /// completions in arrival order, each with its owner; and the handler order: the
+    /// receivers by their first receive, latest first, then the others as they first
+    /// appeared.
+    fn plain(owners: &OwnerMap<usize>, wcs: &[WorkCompletion]) -> (Vec<(usize, u64)>, Vec<usize>) {
+        let mut delivered = Vec::new();
+        let (mut receivers, mut others): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         for wc in wcs {
-            let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-            match want.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, ids)) => ids.push(wc.wr_id()),
-                None => want.push((key, vec![wc.wr_id()])),
+            let Some(o) = owners.get(&wc.qp_num()) else { continue };
+            delivered.push((o.conn, wc.wr_id()));
+            if wc.is_receive() && !receivers.contains(&o.conn) {
+                receivers.push(o.conn);
+            }
+            if !others.contains(&o.conn) {
+                others.push(o.conn);
             }
         }
-        want
+        let mut order: Vec<usize> = receivers.iter().rev().copied().collect();
+        order.extend(others.into_iter().filter(|k| !receivers.contains(k)));
+        (delivered, order)
     }
 
-    #[test]
-    fn routing_matches_a_plain_grouping_for_any_arrival_order() {
-        // Every sequence of up to 7 completions over 3 owned QPs and one closed one.
-        let owners = owners(&[(1, 0x1000), (2, 0x2000), (3, 0x3000)]);
-        let mut routes = Routes::default();
-        for len in 0..=7u32 {
-            for code in 0..4u32.pow(len) {
-                let qps: Vec<u32> = (0..len).map(|i| code / 4u32.pow(i) % 4 + 1).collect();
-                let wcs: Vec<WorkCompletion> =
-                    qps.iter().enumerate().map(|(i, &qp)| WorkCompletion::received(qp, i as u64)).collect();
-                let want = plain_grouping(&owners, &wcs);
-                routes.route(&owners, &wcs, |k| Some(*k));
-                assert_eq!(routed(&routes, &wcs), want, "qps {qps:?}");
-            }
+    /// Checks one routing against [`plain`]: every owned completion delivered once, in
+    /// arrival order, to its owner, in runs of one owner that are as long as they can be;
+    /// each owner's handlers run once, in the plain order.
+    fn check(routes: &mut Routes<usize>, owners: &mut OwnerMap<usize>, serial: u32, wcs: &[WorkCompletion]) {
+        let (want, want_order) = plain(owners, wcs);
+        let (runs, order) = routed(routes, owners, serial, wcs);
+        let got: Vec<(usize, u64)> = runs.iter().flat_map(|(k, ids)| ids.iter().map(|&id| (*k, id))).collect();
+        let qps: Vec<(u32, bool)> = wcs.iter().map(|w| (w.qp_num(), w.is_receive())).collect();
+        assert_eq!(got, want, "completions {qps:?}");
+        assert!(runs.iter().all(|(_, ids)| !ids.is_empty()), "an empty run: {qps:?}");
+        // a run ends where the next completion is of another QP
+        let mut qp_of: HashMap<u64, u32> = HashMap::new();
+        for wc in wcs {
+            qp_of.insert(wc.wr_id(), wc.qp_num());
         }
-    }
-
-    #[test]
-    fn routing_past_the_scanned_groups_matches_a_plain_grouping() {
-        // 40 QPs (odd ones closed), so that polls pass SCANNED_GROUPS and use the table;
-        // sequences of up to 300 completions from a fixed pseudo-random walk.
-        let owners: OwnerMap<usize> = (0..40u32).filter(|q| q % 2 == 0).map(|q| (q, 0x1000 + q as usize)).collect();
-        let mut routes = Routes::default();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        for len in [9usize, 17, 64, 300] {
-            for _ in 0..20 {
-                let wcs: Vec<WorkCompletion> = (0..len)
-                    .map(|i| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        WorkCompletion::received((x % 40) as u32, i as u64)
-                    })
-                    .collect();
-                let want = plain_grouping(&owners, &wcs);
-                routes.route(&owners, &wcs, |k| Some(*k));
-                assert_eq!(routed(&routes, &wcs), want, "{len} completions");
-                if len >= 64 {
-                    assert!(routes.groups.len() > SCANNED_GROUPS, "the table was not reached");
+        for (i, (_, ids)) in runs.iter().enumerate() {
+            let last = *ids.last().unwrap();
+            if let Some(next) = wcs.iter().skip_while(|w| w.wr_id() != last).nth(1) {
+                if i + 1 < runs.len() && runs[i + 1].1[0] == next.wr_id() {
+                    assert_ne!(qp_of[&last], next.qp_num(), "a run was cut short: {qps:?}");
                 }
             }
         }
+        assert_eq!(order, want_order, "completions {qps:?}");
     }
 
     #[test]
-    fn handlers_run_latest_request_first_so_that_replies_leave_in_arrival_order() {
-        // qp 10 sent a reply earlier and then a request; 11 and 12 sent requests; 13
-        // only had a write complete (its handler may write more).
-        let owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xc000), (13, 0xd000)]);
-        let wcs = [
-            WorkCompletion::sent(10, 1),
-            WorkCompletion::sent(13, 2),
-            WorkCompletion::received(11, 3),
-            WorkCompletion::received(10, 4),
-            WorkCompletion::received(12, 5),
-            WorkCompletion::received(11, 6),
-        ];
-        let mut routes = Routes::default();
-        routes.route(&owners, &wcs, |k| Some(*k));
-        let mut order = vec![7];
-        routes.handler_order(&mut order);
-        let keys: Vec<usize> = order.iter().map(|&g| routes.groups[g].owner.unwrap()).collect();
-        // requests arrived 11, 10, 12: handlers run 12, 10, 11, then 13
-        assert_eq!(keys, vec![0xc000, 0xa000, 0xb000, 0xd000]);
-        routes.route(&owners, &[], |k| Some(*k));
-        routes.handler_order(&mut order);
-        assert_eq!(order, Vec::<usize>::new());
-    }
-
-    #[test]
-    fn handler_order_matches_a_plain_sort_for_any_mix_of_sends_and_receives() {
+    fn routing_matches_a_plain_walk_for_any_arrival_order_of_sends_and_receives() {
         // Every sequence of up to 6 completions, each a send or a receive of one of 3
-        // owned QPs or a closed one: the receivers by their first receive, latest first,
-        // then the others in the order they first appeared.
-        let owners = owners(&[(1, 0x1000), (2, 0x2000), (3, 0x3000)]);
+        // owned QPs or of a closed one (4); each its own poll, as a kept scratch and the
+        // owner table see them.
+        let mut owners = owners(&[(1, 0x1000), (2, 0x2000), (3, 0x3000)]);
         let mut routes = Routes::default();
-        let mut order = Vec::new();
+        let mut serial = 0;
         for len in 0..=6u32 {
             for code in 0..8u32.pow(len) {
                 let wcs: Vec<WorkCompletion> = (0..len)
@@ -780,36 +692,72 @@ mod tests {
                         }
                     })
                     .collect();
-                routes.route(&owners, &wcs, |k| Some(*k));
-                routes.handler_order(&mut order);
-                let got: Vec<usize> = order.iter().map(|&g| routes.groups[g].owner.unwrap()).collect();
-                // what the poll walks: the same order, each owner once, none left
-                let mut taken = Vec::new();
-                routes.take_in_handler_order(&mut order, |k| taken.push(k));
-                assert_eq!(taken, got, "the walk and the order differ");
-                assert!(routes.groups.iter().all(|g| g.owner.is_none()));
-                let mut firsts: Vec<(usize, usize)> = Vec::new(); // (owner, first receive)
-                let mut others: Vec<usize> = Vec::new();
-                for (i, wc) in wcs.iter().enumerate() {
-                    let Some(&key) = owners.get(&wc.qp_num()) else { continue };
-                    if wc.is_receive() && !firsts.iter().any(|&(k, _)| k == key) {
-                        firsts.push((key, i));
-                    }
-                    if !others.contains(&key) {
-                        others.push(key);
-                    }
-                }
-                firsts.sort_by_key(|&(_, i)| std::cmp::Reverse(i));
-                let mut want: Vec<usize> = firsts.iter().map(|&(k, _)| k).collect();
-                want.extend(others.into_iter().filter(|k| !firsts.iter().any(|&(f, _)| f == *k)));
-                assert_eq!(
-                    got,
-                    want,
-                    "completions {:?}",
-                    wcs.iter().map(|w| (w.qp_num(), w.is_receive())).collect::<Vec<_>>()
-                );
+                serial += 1;
+                check(&mut routes, &mut owners, serial, &wcs);
             }
         }
+    }
+
+    #[test]
+    fn routing_many_connections_matches_a_plain_walk() {
+        // 40 QPs (odd ones closed); sequences of up to 300 completions from a fixed
+        // pseudo-random walk, a third of them sends.
+        let mut owners: OwnerMap<usize> =
+            (0..40u32).filter(|q| q % 2 == 0).map(|q| (q, Owner::new(0x1000 + q as usize))).collect();
+        let mut routes = Routes::default();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut serial = 0;
+        for len in [9usize, 17, 64, 300] {
+            for _ in 0..20 {
+                let wcs: Vec<WorkCompletion> = (0..len)
+                    .map(|i| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let qp = (x % 40) as u32;
+                        if x.is_multiple_of(3) {
+                            WorkCompletion::sent(qp, i as u64)
+                        } else {
+                            WorkCompletion::received(qp, i as u64)
+                        }
+                    })
+                    .collect();
+                serial += 1;
+                check(&mut routes, &mut owners, serial, &wcs);
+            }
+        }
+    }
+
+    #[test]
+    fn handlers_run_latest_request_first_so_that_replies_leave_in_arrival_order() {
+        // qp 10 sent a reply earlier and then a request; 11 and 12 sent requests; 13
+        // only had a write complete (its handler may write more).
+        let mut owners = owners(&[(10, 0xa000), (11, 0xb000), (12, 0xc000), (13, 0xd000)]);
+        let wcs = [
+            WorkCompletion::sent(10, 1),
+            WorkCompletion::sent(13, 2),
+            WorkCompletion::received(11, 3),
+            WorkCompletion::received(10, 4),
+            WorkCompletion::received(12, 5),
+            WorkCompletion::received(11, 6),
+        ];
+        let mut routes = Routes::default();
+        let (_, order) = routed(&mut routes, &mut owners, 1, &wcs);
+        // requests arrived 11, 10, 12: handlers run 12, 10, 11, then 13
+        assert_eq!(order, vec![0xc000, 0xa000, 0xb000, 0xd000]);
+        let (runs, order) = routed(&mut routes, &mut owners, 2, &[]);
+        assert_eq!((runs, order), (vec![], vec![]));
+    }
+
+    #[test]
+    fn an_owner_routed_in_an_earlier_poll_gets_a_visit_of_this_one() {
+        // The owner table remembers the visit of the poll that last routed to it: a
+        // later poll (another number) must make a new visit, not reuse that index.
+        let mut owners = owners(&[(1, 0x1000), (2, 0x2000)]);
+        let mut routes = Routes::default();
+        routed(&mut routes, &mut owners, 1, &[WorkCompletion::received(1, 1), WorkCompletion::received(2, 2)]);
+        let (runs, order) = routed(&mut routes, &mut owners, 2, &[WorkCompletion::received(2, 3)]);
+        assert_eq!((runs, order), (vec![(0x2000, vec![3])], vec![0x2000]));
     }
 
     #[test]

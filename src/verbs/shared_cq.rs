@@ -193,7 +193,7 @@ pub struct SharedCq {
     verbs: *mut ibv_context,
     queue: CompletionQueue,
     /// Whether the channel is this CQ's alone: then a poll takes its event. A channel
-    /// other CQs share is read by its owner ([`CompletionChannel::take_events`]).
+    /// other CQs share is read by its owner ([`CompletionChannel::take_event`]).
     own_channel: bool,
     budget: Mutex<CqBudget>,
     /// The budget's retired count, readable without its lock: a poll of a CQ with no
