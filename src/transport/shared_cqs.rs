@@ -185,19 +185,36 @@ pub(crate) trait Delivery {
     fn queue(&mut self, c: &Arc<HostedConn>);
 }
 
-/// The fd of channel `channel` fired: the CQ its event names is polled once.
+/// The fd of channel `channel` fired: each CQ its events name is polled once.
+///
+/// A channel that one CQ signals holds at most one event when it is read (a CQ signals
+/// once per arming, and is armed again by the poll), so its wake-up takes that one and
+/// makes no second `read` only to learn that none is left, as upstream reads its own
+/// channel; an event that comes after keeps the level-triggered fd readable, and the
+/// event loop calls again. A channel that several CQs signal is read until it is empty,
+/// so that one wake-up serves every CQ with completions (docs/protocol.md §4.6).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
     let Some(ch) = MODULE.shared_cqs.lock().channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
     else {
         return;
     };
-    ch.take_event(|cq| {
-        let i = MODULE.shared_cqs.lock().cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
+    let mut shared_by_several = false;
+    while ch.take_event(|cq| {
+        let (i, several) = {
+            let s = MODULE.shared_cqs.lock();
+            let on_channel = |q: &&Arc<SharedCq>| q.device() == ch.device();
+            (
+                s.cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq))),
+                s.cqs.iter().flatten().filter(on_channel).nth(1).is_some(),
+            )
+        };
+        shared_by_several = several;
         if let Some(i) = i {
             poll(i, Then::RunHandlers, d);
         }
-    });
+    }) && shared_by_several
+    {}
 }
 
 /// Polls CQ `cq` until it is empty, the connections that got completions queued: a

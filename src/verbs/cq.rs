@@ -71,24 +71,21 @@ impl CompletionChannel {
     pub(crate) fn as_ptr(&self) -> *mut ibv_comp_channel {
         self.channel.as_ptr()
     }
-    /// Takes one pending event, if any, acknowledges it and hands `f` the CQ it is for.
-    /// One per wake-up, as upstream's module reads its channel: the event loop watches
-    /// the fd level-triggered, so an event left queued (another CQ of the channel) wakes
-    /// it again at once, and a wake-up with one event (nearly all: a CQ signals once
-    /// per arming) makes no second `read` only to learn that none is left
-    /// (docs/protocol.md §4.6).
-    pub(crate) fn take_event(&self, f: impl FnOnce(*mut ibv_cq)) {
+    /// Takes one pending event, if any, acknowledges it and hands `f` the CQ it is for;
+    /// false when none was pending (the channel is non-blocking).
+    pub(crate) fn take_event(&self, f: impl FnOnce(*mut ibv_cq)) -> bool {
         let l = loaded();
         let mut ev_cq = std::ptr::null_mut();
         let mut ev_ctx: *mut c_void = std::ptr::null_mut();
         // SAFETY: the channel is live; an event, if returned, is acked once, at once.
         unsafe {
             if (l.ibv_get_cq_event)(self.as_ptr(), &mut ev_cq, &mut ev_ctx) != 0 {
-                return;
+                return false;
             }
             (l.ibv_ack_cq_events)(ev_cq, 1);
         }
         f(ev_cq);
+        true
     }
 }
 
