@@ -195,21 +195,13 @@ pub(crate) trait Delivery {
 /// so that one wake-up serves every CQ with completions (docs/protocol.md §4.6).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    let Some(ch) = MODULE.shared_cqs.lock().channels.get(channel).and_then(|c| c.as_ref().map(|(ch, _)| ch.clone()))
-    else {
-        return;
+    let (ch, shared_by_several) = {
+        let s = MODULE.shared_cqs.lock();
+        let Some((ch, _)) = s.channels.get(channel).and_then(Option::as_ref) else { return };
+        (ch.clone(), s.cqs.iter().flatten().filter(|q| q.device() == ch.device()).nth(1).is_some())
     };
-    let mut shared_by_several = false;
     while ch.take_event(|cq| {
-        let (i, several) = {
-            let s = MODULE.shared_cqs.lock();
-            let on_channel = |q: &&Arc<SharedCq>| q.device() == ch.device();
-            (
-                s.cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq))),
-                s.cqs.iter().flatten().filter(on_channel).nth(1).is_some(),
-            )
-        };
-        shared_by_several = several;
+        let i = MODULE.shared_cqs.lock().cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
         if let Some(i) = i {
             poll(i, Then::RunHandlers, d);
         }
