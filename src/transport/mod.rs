@@ -20,6 +20,7 @@ pub(crate) mod connection;
 pub(crate) mod handshakes;
 pub(crate) mod knobs;
 pub(crate) mod listener;
+mod qp_table;
 pub(crate) mod removal;
 pub(crate) mod shared_cqs;
 pub(crate) mod stats;

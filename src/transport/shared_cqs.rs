@@ -16,14 +16,14 @@
 //! polled again from `process_pending_data`, after the other events had their turn.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::knobs::{self, Knob};
+use super::qp_table::QpTable;
 use super::stats;
 use super::MODULE;
-use super::{log_limited, AddressHash, HostedConn, RdmaConnection};
+use super::{log_limited, HostedConn, RdmaConnection};
 use crate::server::api::FdWatch;
 use crate::verbs::{
     CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
@@ -162,14 +162,14 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
 /// The connection `c` owns QP `qp_num` on CQ `cq`: its completions go to it.
 pub(crate) fn register(cq: usize, qp_num: u32, c: &Arc<HostedConn>) {
     if let Some(o) = MODULE.shared_cqs.lock().owners.get_mut(cq) {
-        o.insert(qp_num, Owner::new(Arc::downgrade(c)));
+        o.insert(qp_num, Owner::new(Arc::clone(c)));
     }
 }
 
 /// The connection is closed: its completions are dropped from now on.
 pub(crate) fn unregister(cq: usize, qp_num: u32) {
     if let Some(o) = MODULE.shared_cqs.lock().owners.get_mut(cq) {
-        o.remove(&qp_num);
+        o.remove(qp_num);
     }
 }
 
@@ -321,7 +321,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
         set_left(&mut shared, cq, left);
         shared.routed = shared.routed.checked_add(1).unwrap_or(1);
         let serial = shared.routed;
-        s.routes.route(&mut shared.owners[cq], serial, &s.polled, Weak::upgrade);
+        s.routes.route(&mut shared.owners[cq], serial, &s.polled, Arc::clone);
     }
     s.deliver(then, d);
     s.put_back();
@@ -335,7 +335,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
 struct Scratch {
     /// The completions of the poll, in arrival order.
     polled: Vec<WorkCompletion>,
-    /// Each visit holds its connection until its handlers ran; emptied before the
+    /// Each visit holds its connection until the poll's handlers ran; emptied when the
     /// scratch is put back, so that a kept scratch holds no connection.
     routes: Routes<Arc<HostedConn>>,
 }
@@ -353,24 +353,23 @@ impl Scratch {
     }
 
     /// The routed completions to their connections, then their handlers (or the
-    /// pending list), in [`Routes::take_in_handler_order`].
+    /// pending list), in [`Routes::in_handler_order`].
     fn deliver(&mut self, then: Then, d: &mut impl Delivery) {
         // Every completion reaches its core before any handler runs: a handler may
         // process events while it blocks (a long script), and a poll nested there must
         // find nothing of this one still undelivered, or a connection would see later
         // bytes first. Runs go in arrival order, so each connection's do too.
         for run in &self.routes.runs {
-            if let Some(c) = &self.routes.visits[run.visit as usize].owner {
-                d.completions(c, &self.polled[run.start as usize..run.end as usize]);
-            }
+            let c = &self.routes.visits[run.visit as usize].owner;
+            d.completions(c, &self.polled[run.start as usize..run.end as usize]);
         }
-        self.routes.take_in_handler_order(|c| match then {
-            Then::RunHandlers => d.run(&c),
-            Then::Queue => d.queue(&c),
+        self.routes.in_handler_order(|c| match then {
+            Then::RunHandlers => d.run(c),
+            Then::Queue => d.queue(c),
         });
     }
 
-    /// `routes` is cleared where it is filled (and its visits here: they must not keep
+    /// `routes` is cleared where it is filled, and its visits here (they must not keep
     /// a connection alive); `polled` is pushed to.
     fn put_back(mut self: Box<Self>) {
         self.polled.clear();
@@ -403,8 +402,7 @@ impl<T> Default for Routes<T> {
 
 /// One connection's place in one poll.
 struct Visit<T> {
-    /// `None` once its handlers ran.
-    owner: Option<T>,
+    owner: T,
     received: bool,
 }
 
@@ -424,16 +422,10 @@ impl<T> Routes<T> {
 
     /// Routes `wcs`, the completions of poll number `serial` ([`Shared::routed`]):
     /// each run of one QP's completions to the connection that owns it; those of QPs
-    /// with no owner (a closed connection) are dropped. `resolve` turns an owner into a
-    /// connection (`None`: gone). The owner table notes each owner's visit in this poll,
+    /// with no owner (a closed connection) are dropped. `resolve` turns an owner into
+    /// the visit's hold on it. The owner table notes each owner's visit in this poll,
     /// so no search of the visits is made.
-    fn route<O>(
-        &mut self,
-        owners: &mut OwnerMap<O>,
-        serial: u32,
-        wcs: &[WorkCompletion],
-        resolve: impl Fn(&O) -> Option<T>,
-    ) {
+    fn route<O>(&mut self, owners: &mut OwnerMap<O>, serial: u32, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> T) {
         self.clear();
         let (mut last_qp, mut visit) = (None, NO_VISIT);
         for (i, wc) in wcs.iter().enumerate() {
@@ -460,30 +452,19 @@ impl<T> Routes<T> {
     /// The visit of QP `qp` in poll `serial`, made at its first completion of the poll;
     /// [`NO_VISIT`] when no live connection owns it.
     #[inline(always)]
-    fn visit_of<O>(
-        &mut self,
-        owners: &mut OwnerMap<O>,
-        serial: u32,
-        qp: u32,
-        resolve: impl Fn(&O) -> Option<T>,
-    ) -> u32 {
-        let Some(o) = owners.get_mut(&qp) else { return NO_VISIT };
+    fn visit_of<O>(&mut self, owners: &mut OwnerMap<O>, serial: u32, qp: u32, resolve: impl Fn(&O) -> T) -> u32 {
+        let Some(o) = owners.get_mut(qp) else { return NO_VISIT };
         if o.routed_in != serial {
             o.routed_in = serial;
-            o.visit = match resolve(&o.conn) {
-                Some(owner) => {
-                    self.visits.push(Visit { owner: Some(owner), received: false });
-                    self.visits.len() as u32 - 1
-                }
-                None => NO_VISIT,
-            };
+            self.visits.push(Visit { owner: resolve(&o.conn), received: false });
+            o.visit = self.visits.len() as u32 - 1;
         }
         o.visit
     }
 
-    /// Takes each visit's owner out, in the order the handlers run, and hands it to `f`:
-    /// the connections that received something, latest first receive first, then the
-    /// rest (send completions only: a reopened window) as they came.
+    /// Hands each visit's owner to `f` once, in the order the handlers run: the
+    /// connections that received something, latest first receive first, then the rest
+    /// (send completions only: a reopened window) as they came.
     ///
     /// Why latest first: the server queues a client with a new reply at the head of its
     /// pending-write list and writes that list from the head before it sleeps
@@ -494,19 +475,21 @@ impl<T> Routes<T> {
     /// the whole batch (docs/protocol.md §4.6). Run in reverse, the replies go out in the
     /// order the requests arrived, as they do when each connection has a wake-up of its
     /// own.
-    fn take_in_handler_order(&mut self, mut f: impl FnMut(T)) {
+    fn in_handler_order(&self, mut f: impl FnMut(&T)) {
         for &v in self.receivers.iter().rev() {
-            self.visits[v as usize].owner.take().map(&mut f);
+            f(&self.visits[v as usize].owner);
         }
-        for visit in &mut self.visits {
-            visit.owner.take().map(&mut f);
+        for visit in self.visits.iter().filter(|v| !v.received) {
+            f(&visit.owner);
         }
     }
 }
 
-/// Per CQ: QP number → the connection that owns it (weakly: a connection is taken out
-/// when it closes, and never kept alive by its CQ), with its visit in the latest poll.
-type OwnerMap<T = Weak<HostedConn>> = HashMap<u32, Owner<T>, AddressHash>;
+/// Per CQ: QP number → the connection that owns it, with its visit in the latest poll.
+/// Held as the live set holds it, from accept to `close` or teardown (or its device's
+/// removal), which take it out: a poll then clones the hold (one increment), with no
+/// weak reference to upgrade.
+type OwnerMap<T = Arc<HostedConn>> = QpTable<Owner<T>>;
 
 /// A QP's owner, and where the poll numbered `routed_in` put it.
 struct Owner<T> {
@@ -524,6 +507,7 @@ impl<T> Owner<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn owners(pairs: &[(u32, usize)]) -> OwnerMap<usize> {
         pairs.iter().map(|&(qp, key)| (qp, Owner::new(key))).collect()
@@ -537,18 +521,22 @@ mod tests {
         serial: u32,
         wcs: &[WorkCompletion],
     ) -> (Vec<(usize, Vec<u64>)>, Vec<usize>) {
-        routes.route(owners, serial, wcs, |k| Some(*k));
+        routes.route(owners, serial, wcs, |k| *k);
         let runs = routes
             .runs
             .iter()
             .map(|r| {
                 let ids = wcs[r.start as usize..r.end as usize].iter().map(|wc| wc.wr_id()).collect();
-                (routes.visits[r.visit as usize].owner.unwrap(), ids)
+                (routes.visits[r.visit as usize].owner, ids)
             })
             .collect();
         let mut order = Vec::new();
-        routes.take_in_handler_order(|k| order.push(k));
-        assert!(routes.visits.iter().all(|v| v.owner.is_none()), "every owner is taken once");
+        routes.in_handler_order(|k| order.push(*k));
+        let (mut once, mut visited): (Vec<usize>, Vec<usize>) =
+            (order.clone(), routes.visits.iter().map(|v| v.owner).collect());
+        once.sort_unstable();
+        visited.sort_unstable();
+        assert_eq!(once, visited, "every owner's handlers once");
         (runs, order)
     }
 
@@ -578,10 +566,10 @@ mod tests {
         let _s = serial();
         let (a, b, c) = (connection(0, true), connection(0, true), connection(0, true));
         let mut owners: OwnerMap =
-            [(1, &a), (2, &b), (3, &c)].iter().map(|(qp, c)| (*qp, Owner::new(Arc::downgrade(c)))).collect();
-        // QP 4's connection is gone (freed) before the poll's completions are delivered:
+            [(1, &a), (2, &b), (3, &c), (4, &c)].iter().map(|(qp, c)| (*qp, Owner::new(Arc::clone(c)))).collect();
+        // QP 4's connection closed (unregistered) after the poll took its completions:
         // they are dropped
-        owners.insert(4, Owner::new(Weak::new()));
+        owners.remove(4);
         // b's request first, then a's; c only had a send complete (its window reopened)
         let wcs = vec![
             WorkCompletion::received(2, 1),
@@ -591,9 +579,10 @@ mod tests {
             WorkCompletion::received(2, 5),
             WorkCompletion::received(9, 6),
         ];
+        let held = [&a, &b, &c].map(Arc::strong_count);
         for (serial, then) in [(1, Then::RunHandlers), (2, Then::Queue)] {
             let mut s = Scratch { polled: wcs.clone(), ..Default::default() };
-            s.routes.route(&mut owners, serial, &s.polled, Weak::upgrade);
+            s.routes.route(&mut owners, serial, &s.polled, Arc::clone);
             let mut d = Record::default();
             s.deliver(then, &mut d);
             assert_eq!(
@@ -607,7 +596,8 @@ mod tests {
                 vec![(a.key(), how), (b.key(), how), (c.key(), how)],
                 "latest first receive first, then the connections without a receive"
             );
-            assert!(s.routes.visits.iter().all(|v| v.owner.is_none()), "the scratch keeps no connection alive");
+            Box::new(s).put_back();
+            assert_eq!([&a, &b, &c].map(Arc::strong_count), held, "the scratch put back keeps no connection alive");
         }
         for x in [&a, &b, &c] {
             crate::transport::connection::close(x);
@@ -640,7 +630,7 @@ mod tests {
         let mut delivered = Vec::new();
         let (mut receivers, mut others): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         for wc in wcs {
-            let Some(o) = owners.get(&wc.qp_num()) else { continue };
+            let Some(o) = owners.get(wc.qp_num()) else { continue };
             delivered.push((o.conn, wc.wr_id()));
             if wc.is_receive() && !receivers.contains(&o.conn) {
                 receivers.push(o.conn);
