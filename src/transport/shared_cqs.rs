@@ -201,9 +201,12 @@ pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
         (ch.clone(), s.cqs.iter().flatten().filter(|q| q.device() == ch.device()).nth(1).is_some())
     };
     while ch.take_event(|cq| {
-        let i = MODULE.shared_cqs.lock().cqs.iter().position(|q| q.as_ref().is_some_and(|q| q.is(cq)));
-        if let Some(i) = i {
-            poll(i, Then::RunHandlers, d);
+        let found = MODULE.shared_cqs.lock().cqs.iter().enumerate().find_map(|(i, q)| {
+            let q = q.as_ref().filter(|q| q.is(cq))?;
+            Some((i, Arc::clone(q)))
+        });
+        if let Some((i, q)) = found {
+            poll_cq(i, &q, Then::RunHandlers, d);
         }
     }) && shared_by_several
     {}
@@ -303,6 +306,12 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// connections runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
     let Some(q) = MODULE.shared_cqs.lock().cqs.get(cq).cloned().flatten() else { return false };
+    poll_cq(cq, &q, then, d)
+}
+
+/// [`poll`] of `q`, the CQ numbered `cq`, found by the caller.
+#[inline(always)]
+fn poll_cq(cq: usize, q: &SharedCq, then: Then, d: &mut impl Delivery) -> bool {
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut s = Scratch::take();
@@ -359,9 +368,8 @@ impl Scratch {
         // process events while it blocks (a long script), and a poll nested there must
         // find nothing of this one still undelivered, or a connection would see later
         // bytes first. Runs go in arrival order, so each connection's do too.
-        for run in &self.routes.runs {
-            let c = &self.routes.visits[run.visit as usize].owner;
-            d.completions(c, &self.polled[run.start as usize..run.end as usize]);
+        for (c, run) in self.routes.owned_runs() {
+            d.completions(c, &self.polled[run]);
         }
         self.routes.in_handler_order(|c| match then {
             Then::RunHandlers => d.run(c),
@@ -384,7 +392,7 @@ const NO_VISIT: u32 = u32::MAX;
 /// One poll's completions by the connection that owns their QP, made in one pass and
 /// with one look-up of the owner table per run of a connection's completions: the
 /// connections in the order each first appears (`visits`), the runs of consecutive
-/// completions of one connection in arrival order (`runs`), and which connections
+/// completions of one QP in arrival order (`runs`), and which connections
 /// received something, in the order of their first receive (`receivers`). Completions
 /// stay where the poll put them: a run is a range of them. `T` is the owner (the
 /// connection; a plain key in the tests), resolved once per poll.
@@ -392,11 +400,13 @@ struct Routes<T> {
     visits: Vec<Visit<T>>,
     runs: Vec<CompletionRun>,
     receivers: Vec<u32>,
+    /// The number of completions routed: the end of the last run.
+    routed: u32,
 }
 
 impl<T> Default for Routes<T> {
     fn default() -> Self {
-        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new() }
+        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new(), routed: 0 }
     }
 }
 
@@ -406,11 +416,13 @@ struct Visit<T> {
     received: bool,
 }
 
-/// Consecutive completions of one connection: `start..end` of the poll's.
+/// Consecutive completions of one QP, from `start` of the poll's to the next run's
+/// start (the poll's end for the last run): a run ends where another begins, so the
+/// completions inside one cost the routing nothing. `visit` is [`NO_VISIT`] for a QP
+/// that no live connection owns.
 struct CompletionRun {
     visit: u32,
     start: u32,
-    end: u32,
 }
 
 impl<T> Routes<T> {
@@ -427,19 +439,16 @@ impl<T> Routes<T> {
     /// so no search of the visits is made.
     fn route<O>(&mut self, owners: &mut OwnerMap<O>, serial: u32, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> T) {
         self.clear();
+        self.routed = wcs.len() as u32;
         let (mut last_qp, mut visit) = (None, NO_VISIT);
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
             if last_qp != Some(qp) {
                 last_qp = Some(qp);
                 visit = self.visit_of(owners, serial, qp, &resolve);
-                if visit != NO_VISIT {
-                    self.runs.push(CompletionRun { visit, start: i as u32, end: i as u32 });
-                }
+                self.runs.push(CompletionRun { visit, start: i as u32 });
             }
-            let Some(run) = self.runs.last_mut().filter(|_| visit != NO_VISIT) else { continue };
-            run.end = i as u32 + 1;
-            if wc.is_receive() {
+            if visit != NO_VISIT && wc.is_receive() {
                 let v = &mut self.visits[visit as usize];
                 if !v.received {
                     v.received = true;
@@ -447,6 +456,15 @@ impl<T> Routes<T> {
                 }
             }
         }
+    }
+
+    /// Each run of an owned QP's completions, in arrival order: its owner and its range
+    /// of the poll's completions.
+    fn owned_runs(&self) -> impl Iterator<Item = (&T, std::ops::Range<usize>)> + '_ {
+        self.runs.iter().enumerate().filter(|(_, r)| r.visit != NO_VISIT).map(|(k, r)| {
+            let end = self.runs.get(k + 1).map_or(self.routed, |next| next.start);
+            (&self.visits[r.visit as usize].owner, r.start as usize..end as usize)
+        })
     }
 
     /// The visit of QP `qp` in poll `serial`, made at its first completion of the poll;
@@ -522,14 +540,7 @@ mod tests {
         wcs: &[WorkCompletion],
     ) -> (Vec<(usize, Vec<u64>)>, Vec<usize>) {
         routes.route(owners, serial, wcs, |k| *k);
-        let runs = routes
-            .runs
-            .iter()
-            .map(|r| {
-                let ids = wcs[r.start as usize..r.end as usize].iter().map(|wc| wc.wr_id()).collect();
-                (routes.visits[r.visit as usize].owner, ids)
-            })
-            .collect();
+        let runs = routes.owned_runs().map(|(k, r)| (*k, wcs[r].iter().map(|wc| wc.wr_id()).collect())).collect();
         let mut order = Vec::new();
         routes.in_handler_order(|k| order.push(*k));
         let (mut once, mut visited): (Vec<usize>, Vec<usize>) =
