@@ -383,26 +383,34 @@ impl Conn {
     /// [`RX_GROWTH_FACTOR`](super::RX_GROWTH_FACTOR) times larger off the event loop. Once it is ready
     /// ([`rx_growth_ready`](Self::rx_growth_ready)), the next hand-back names it instead
     /// of the old one, and the driver swaps it in ([`take_rx_swap`](Self::take_rx_swap)).
+    #[inline]
     pub fn consume(&mut self, n: usize) {
         if matches!(self.state, State::Failed(_) | State::Closed) {
             return;
         }
         let n = n.min(self.session.rx.readable().len());
         self.bytes_read += n as u64;
-        if let Some(msg) = self.session.consume(n) {
-            if self.is_live() {
-                if let RxGrowth::Ready(b) = self.rx_growth {
-                    // The peer filled the old buffer completely and waits for this
-                    // message: none of its writes can still target the old one.
-                    self.rx_growth = RxGrowth::None;
-                    self.session.replace_rx(b.addr, b.len, b.key);
-                    self.rx_swap_due = true;
-                    self.control.push_back(self.session.register_rx());
-                } else {
-                    self.control.push_back(msg);
-                }
-            }
+        if self.session.rx.consume(n) {
+            self.hand_back_rx();
         }
+    }
+
+    /// [`consume`](Self::consume) emptied the full RX buffer: RegisterXferMemory for it,
+    /// or for the grown buffer ready to replace it (once per buffer's worth of bytes).
+    #[cold]
+    #[inline(never)]
+    fn hand_back_rx(&mut self) {
+        if !self.is_live() {
+            return;
+        }
+        if let RxGrowth::Ready(b) = self.rx_growth {
+            // The peer filled the old buffer completely and waits for this
+            // message: none of its writes can still target the old one.
+            self.rx_growth = RxGrowth::None;
+            self.session.replace_rx(b.addr, b.len, b.key);
+            self.rx_swap_due = true;
+        }
+        self.control.push_back(self.session.register_rx());
     }
 
     /// `read` (main thread or IO thread): up to `max` unread bytes, as the range of the
