@@ -102,14 +102,6 @@ impl Session {
         self.rx_key = key;
         self.rx = RxWindow::new(len);
     }
-
-    /// The application consumed `n` bytes. Returns the RegisterXferMemory to send when
-    /// the RX buffer was full and is now consumed. (The core consumes through its own
-    /// `Conn::consume`, which also swaps in a grown buffer.)
-    #[cfg(test)]
-    pub fn consume(&mut self, n: usize) -> Option<ControlMessage> {
-        self.rx.consume(n).then(|| self.register_rx())
-    }
 }
 
 #[cfg(test)]
@@ -166,7 +158,8 @@ mod tests {
             let r = to.s.rx.readable();
             let n = max_read.min(r.len());
             to.app_in.extend_from_slice(&to.rx_buf[r.start..r.start + n]);
-            if let Some(msg) = to.s.consume(n) {
+            // (as `Conn::consume`: a full buffer consumed is handed back)
+            if let Some(msg) = to.s.rx.consume(n).then(|| to.s.register_rx()) {
                 assert!(matches!(
                     from.s.on_control(&msg.encode()),
                     Ok(SessionEvent::PeerRxRegistered { resized: false, .. })
@@ -204,7 +197,7 @@ mod tests {
         assert_eq!(send(&mut client, &mut server, &[1; 5000], 100), 1000);
         assert_eq!(send(&mut client, &mut server, &[1; 10], 100), 0, "window exhausted until re-registration");
         // a partial read does not re-open the window
-        server.s.consume(999);
+        server.s.rx.consume(999);
         assert_eq!(send(&mut client, &mut server, &[1; 10], 100), 0);
     }
 

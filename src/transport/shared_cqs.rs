@@ -400,13 +400,13 @@ struct Routes<T> {
     visits: Vec<Visit<T>>,
     runs: Vec<CompletionRun>,
     receivers: Vec<u32>,
-    /// The number of completions routed: the end of the last run.
-    routed: u32,
+    /// The completions routed: the end of the last run.
+    completions: u32,
 }
 
 impl<T> Default for Routes<T> {
     fn default() -> Self {
-        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new(), routed: 0 }
+        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new(), completions: 0 }
     }
 }
 
@@ -439,7 +439,7 @@ impl<T> Routes<T> {
     /// so no search of the visits is made.
     fn route<O>(&mut self, owners: &mut OwnerMap<O>, serial: u32, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> T) {
         self.clear();
-        self.routed = wcs.len() as u32;
+        self.completions = wcs.len() as u32;
         let (mut last_qp, mut visit) = (None, NO_VISIT);
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
@@ -462,7 +462,7 @@ impl<T> Routes<T> {
     /// of the poll's completions.
     fn owned_runs(&self) -> impl Iterator<Item = (&T, std::ops::Range<usize>)> + '_ {
         self.runs.iter().enumerate().filter(|(_, r)| r.visit != NO_VISIT).map(|(k, r)| {
-            let end = self.runs.get(k + 1).map_or(self.routed, |next| next.start);
+            let end = self.runs.get(k + 1).map_or(self.completions, |next| next.start);
             (&self.visits[r.visit as usize].owner, r.start as usize..end as usize)
         })
     }
