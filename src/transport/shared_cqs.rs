@@ -57,7 +57,7 @@ enum Then {
 pub(crate) struct Shared {
     /// One completion channel per device, watched by the event loop; its CQs signal it.
     /// `None` once its device was removed (an index is a key: it is never reused).
-    channels: Vec<Option<(Arc<CompletionChannel>, FdWatch)>>,
+    channels: Vec<Option<Channel>>,
     /// `None` once its device was removed (the index is kept by its connections).
     cqs: Vec<Option<Arc<SharedCq>>>,
     /// Per CQ: the key of the live connection that owns each QP number (QP numbers are
@@ -69,16 +69,29 @@ pub(crate) struct Shared {
     routed: u32,
 }
 
+/// A device's completion channel, and the CQs that signal it: known at the wake-up
+/// without a search of the CQs.
+struct Channel {
+    ch: Arc<CompletionChannel>,
+    watch: FdWatch,
+    /// The first CQ made on it (the only one, until a device serves more than 63
+    /// connections), and how many there are.
+    first_cq: usize,
+    cqs: usize,
+}
+
 impl Shared {
     pub(crate) const fn new() -> Shared {
         Shared { channels: Vec::new(), cqs: Vec::new(), owners: Vec::new(), left: Vec::new(), routed: 0 }
     }
 }
 
-/// The channel (by index) whose fd is watched with `key`, if `key` is one of ours.
+/// The channel (by index) whose fd would be watched with `key`, if `key` is in the
+/// channels' range: no connection key is (asked at every wake-up, without the lock; a
+/// channel that is not there is found so by [`on_fd`]).
 pub(crate) fn channel_of_key(key: usize) -> Option<usize> {
     let i = key.checked_sub(FIRST_KEY)?;
-    (i < MODULE.shared_cqs.lock().channels.len()).then_some(i)
+    (i < MAX_CHANNELS).then_some(i)
 }
 
 /// Builds the endpoint of a new connection on a shared CQ with room for it (made and
@@ -116,8 +129,8 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
     if i >= MAX_CQS {
         return None;
     }
-    let channel = match s.channels.iter().flatten().find(|(ch, _)| ch.is_for(id)) {
-        Some((ch, _)) => Arc::clone(ch),
+    let channel = match s.channels.iter().position(|c| c.as_ref().is_some_and(|c| c.ch.is_for(id))) {
+        Some(k) => k,
         None => {
             let n = s.channels.len();
             let ch = match CompletionChannel::of_device(id) {
@@ -136,13 +149,14 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
                 ));
                 return None;
             };
-            s.channels.push(Some((Arc::clone(&ch), watch)));
-            ch
+            s.channels.push(Some(Channel { ch, watch, first_cq: i, cqs: 0 }));
+            n
         }
     };
+    let on = s.channels[channel].as_mut()?;
     // With no vector configured, the CQs take the device's vectors in turn.
     let vector = cfg.comp_vector.unwrap_or(i as u32);
-    let cq = match SharedCq::on_channel(id, MAX_SHARED_CQES, vector, &channel) {
+    let cq = match SharedCq::on_channel(id, MAX_SHARED_CQES, vector, &on.ch) {
         // A device whose CQs cannot hold one connection's queues: no sharing there.
         Ok(cq) if cq.budget_now().capacity() < QueueDepths::DEFAULT.cqes() => return None,
         Ok(cq) => cq,
@@ -153,6 +167,10 @@ fn add_cq(id: &CmId, cfg: &EndpointConfig) -> Option<usize> {
             return None;
         }
     };
+    if on.cqs == 0 {
+        on.first_cq = i;
+    }
+    on.cqs += 1;
     s.cqs.push(Some(cq));
     s.owners.push(OwnerMap::default());
     s.left.push(false);
@@ -195,21 +213,30 @@ pub(crate) trait Delivery {
 /// so that one wake-up serves every CQ with completions (docs/protocol.md §4.6).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    let (ch, shared_by_several) = {
+    // One hold of the table: the channel, and its CQ when it has one (the CQ an event
+    // of that channel names).
+    let (ch, only) = {
         let s = MODULE.shared_cqs.lock();
-        let Some((ch, _)) = s.channels.get(channel).and_then(Option::as_ref) else { return };
-        (ch.clone(), s.cqs.iter().flatten().filter(|q| q.device() == ch.device()).nth(1).is_some())
+        let Some(c) = s.channels.get(channel).and_then(Option::as_ref) else { return };
+        let only = (c.cqs == 1).then(|| s.cqs[c.first_cq].clone().map(|q| (c.first_cq, q))).flatten();
+        (Arc::clone(&c.ch), only)
     };
-    while ch.take_event(|cq| {
-        let found = MODULE.shared_cqs.lock().cqs.iter().enumerate().find_map(|(i, q)| {
-            let q = q.as_ref().filter(|q| q.is(cq))?;
-            Some((i, Arc::clone(q)))
-        });
-        if let Some((i, q)) = found {
-            poll_cq(i, &q, Then::RunHandlers, d);
+    // (an event names a CQ of this channel: the one it has, or one to find)
+    let mut on_event = |cq| match &only {
+        Some((i, q)) if q.is(cq) => {
+            poll_cq(*i, q, Then::RunHandlers, d);
         }
-    }) && shared_by_several
-    {}
+        _ => {
+            let found = MODULE.shared_cqs.lock().cqs.iter().enumerate().find_map(|(i, q)| {
+                let q = q.as_ref().filter(|q| q.is(cq))?;
+                Some((i, Arc::clone(q)))
+            });
+            if let Some((i, q)) = found {
+                poll_cq(i, &q, Then::RunHandlers, d);
+            }
+        }
+    };
+    while ch.take_event(&mut on_event) && only.is_none() {}
 }
 
 /// Polls CQ `cq` until it is empty, the connections that got completions queued: a
@@ -280,9 +307,9 @@ pub(crate) fn forget_device(device: DeviceKey) -> usize {
         }
     }
     for slot in s.channels.iter_mut() {
-        if slot.as_ref().is_some_and(|(ch, _)| ch.device() == device) {
-            if let Some((_, watch)) = slot.take() {
-                crate::server::api::unwatch_fd(watch);
+        if slot.as_ref().is_some_and(|c| c.ch.device() == device) {
+            if let Some(c) = slot.take() {
+                crate::server::api::unwatch_fd(c.watch);
             }
         }
     }
@@ -787,6 +814,11 @@ mod tests {
     #[test]
     fn keys_of_channels_stay_below_every_connection_key() {
         assert_eq!(channel_of_key(0), None);
+        assert_eq!(channel_of_key(FIRST_KEY), Some(0));
+        assert_eq!(channel_of_key(FIRST_KEY + MAX_CHANNELS - 1), Some(MAX_CHANNELS - 1));
+        // (the first page ends there: a connection's key, an address, is above it)
+        assert_eq!(channel_of_key(FIRST_KEY + MAX_CHANNELS), None);
+        assert_eq!(channel_of_key(4096), None);
         assert_eq!(channel_of_key(0x7f00_0000_1000), None);
     }
 }
