@@ -60,14 +60,9 @@ impl Endpoint {
     #[inline]
     pub(super) fn tx_sge(&mut self, offset: u32, len: u32) -> Result<ibv_sge> {
         let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
-        let (i, at) = (offset as usize / region.chunk, offset as usize % region.chunk);
-        let start = i * region.chunk;
-        let chunk_len = region.chunk.min(region.buf.len().saturating_sub(start));
-        if i >= region.chunks.len() || at + len as usize > chunk_len {
-            return Err(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL));
-        }
-        // SAFETY: offset + len lies inside the TX buffer (checked above).
-        let addr = unsafe { region.buf.as_ptr().add(offset as usize) } as u64;
+        let (i, start, chunk_len) =
+            region.chunk_of(offset, len).ok_or(VerbsError::with(VerbsOp::TxOverrun, libc::EINVAL))?;
+        let addr = region.addr(offset);
         let lkey = match &region.chunks[i] {
             Some(mr) => mr.lkey(),
             None => self.register_tx_chunk(i, start, chunk_len)?,
@@ -174,7 +169,8 @@ impl Endpoint {
             self.ensure_tx(self.tx_len_wanted)?;
         }
         self.writes_since_idle_check += 1;
-        let buf = &self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?.buf;
+        let region = self.tx.current().ok_or(VerbsError::with(VerbsOp::NotRegistered, libc::ENOTCONN))?;
+        let buf = &region.buf;
         let mut at = offset as usize;
         let end = at + total;
         if end > buf.len() || parts_len(parts) < total {
@@ -190,6 +186,12 @@ impl Endpoint {
             if at == end {
                 break;
             }
+        }
+        // The usual write: in one chunk, registered by an earlier write; one request of
+        // one piece, with the region at hand (no second look at the TX buffer).
+        if let Some(mut sge) = region.registered_sge(offset, len) {
+            let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
+            return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
         }
         self.post_write_chain(offset, total as u32, remote_addr, rkey, imm)
     }
@@ -366,5 +368,34 @@ pub(super) struct TxRegion {
 impl TxRegion {
     pub(super) fn registered_bytes(&self) -> usize {
         self.chunks.iter().flatten().map(MemoryRegion::len).sum()
+    }
+
+    /// The chunk that holds all `len` bytes at `offset`: its index, start and length;
+    /// `None` when they cross a chunk's end or leave the buffer.
+    #[inline(always)]
+    fn chunk_of(&self, offset: u32, len: u32) -> Option<(usize, usize, usize)> {
+        let (i, at) = (offset as usize / self.chunk, offset as usize % self.chunk);
+        let start = i * self.chunk;
+        let chunk_len = self.chunk.min(self.buf.len().saturating_sub(start));
+        (i < self.chunks.len() && at + len as usize <= chunk_len).then_some((i, start, chunk_len))
+    }
+
+    /// The address of byte `offset` (a number for the device: nothing is read through it
+    /// here).
+    #[inline(always)]
+    fn addr(&self, offset: u32) -> u64 {
+        self.buf.as_ptr().wrapping_add(offset as usize) as u64
+    }
+
+    /// The scatter entry for `len` bytes (at least one) at `offset`, when they lie in one
+    /// chunk that is registered already.
+    #[inline(always)]
+    fn registered_sge(&self, offset: u32, len: u32) -> Option<ibv_sge> {
+        if len == 0 {
+            return None;
+        }
+        let (i, ..) = self.chunk_of(offset, len)?;
+        let lkey = self.chunks[i].as_ref()?.lkey();
+        Some(ibv_sge { addr: self.addr(offset), length: len, lkey })
     }
 }
