@@ -218,7 +218,7 @@ pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     let (ch, only) = {
         let s = MODULE.shared_cqs.lock();
         let Some(c) = s.channels.get(channel).and_then(Option::as_ref) else { return };
-        let only = (c.cqs == 1).then(|| s.cqs[c.first_cq].clone().map(|q| (c.first_cq, q))).flatten();
+        let only = if c.cqs == 1 { s.cqs[c.first_cq].clone().map(|q| (c.first_cq, q)) } else { None };
         (Arc::clone(&c.ch), only)
     };
     // (an event names a CQ of this channel: the one it has, or one to find)

@@ -193,7 +193,8 @@ impl Endpoint {
             let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
             return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
         }
-        self.post_write_chain(offset, total as u32, remote_addr, rkey, imm)
+        let chunk = region.chunk.min(u32::MAX as usize) as u32;
+        self.post_planned_write(offset, len, remote_addr, rkey, imm, chunk)
     }
 
     /// A write the device takes inline (at most [`INLINE_WRITE_MAX`] bytes) as one
@@ -243,28 +244,10 @@ impl Endpoint {
     /// RDMA_WRITEs, the last an RDMA_WRITE_WITH_IMM carrying `imm`. The peer is told
     /// only by the last one's immediate; on a reliable connection its completion means
     /// that the bytes of the earlier ones are placed (docs/protocol.md §4.3).
-    #[inline(always)]
-    pub(super) fn post_write_chain(
-        &mut self,
-        offset: u32,
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-    ) -> Result<()> {
-        let chunk = self.tx.current().map_or(u32::MAX, |r| r.chunk.min(u32::MAX as usize) as u32);
-        if tx_plan::within_one_chunk(offset, len, chunk) {
-            // The usual write lies in one chunk: the plan's one request of one piece,
-            // built without the plan.
-            let mut sge = self.tx_sge(offset, len)?;
-            let mut wr = rdma_write(&mut sge, 1, remote_addr + u64::from(offset), rkey, Some(imm));
-            return self.post_send_chain(std::slice::from_mut(&mut wr), 0, false);
-        }
-        self.post_planned_write(offset, len, remote_addr, rkey, imm, chunk)
-    }
-
-    /// [`post_write_chain`](Self::post_write_chain) of a write over more than one chunk:
-    /// out of line, so that the usual write's path stays one function.
+    ///
+    /// Every write but the usual one (one chunk, registered): across chunks, the first
+    /// into a chunk (registered here), or of no bytes. Out of line, so that the usual
+    /// write's path stays one function.
     #[inline(never)]
     fn post_planned_write(
         &mut self,
@@ -371,7 +354,8 @@ impl TxRegion {
     }
 
     /// The chunk that holds all `len` bytes at `offset`: its index, start and length;
-    /// `None` when they cross a chunk's end or leave the buffer.
+    /// `None` when they cross a chunk's end or leave the buffer (one division; checked
+    /// against [`tx_plan::within_one_chunk`] below).
     #[inline(always)]
     fn chunk_of(&self, offset: u32, len: u32) -> Option<(usize, usize, usize)> {
         let (i, at) = (offset as usize / self.chunk, offset as usize % self.chunk);
@@ -397,5 +381,44 @@ impl TxRegion {
         let (i, ..) = self.chunk_of(offset, len)?;
         let lkey = self.chunks[i].as_ref()?.lkey();
         Some(ibv_sge { addr: self.addr(offset), length: len, lkey })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TX buffer of `pages` pages in `chunk`-byte chunks, none registered (no device).
+    fn region(pages: usize, chunk: usize) -> TxRegion {
+        let buf = PinnedBuffer::new(pages * crate::verbs::buffer::page_size()).expect("a mapping");
+        let chunks = (0..buf.len().div_ceil(chunk)).map(|_| None).collect();
+        TxRegion { chunks, buf, chunk }
+    }
+
+    /// `chunk_of` places exactly the writes that lie in one chunk and inside the buffer,
+    /// the last chunk a partial one included; `registered_sge` gives none before its
+    /// chunk is registered.
+    #[test]
+    fn a_write_is_placed_in_one_chunk_exactly_when_it_lies_in_one_inside_the_buffer() {
+        let page = crate::verbs::buffer::page_size();
+        for (pages, chunk) in [(5, page), (5, 2 * page), (7, 3 * page), (2, usize::MAX >> 1)] {
+            let r = region(pages, chunk);
+            let end = r.buf.len();
+            let offsets = (0..end + 2).step_by(page / 4).flat_map(|o| [o, o.saturating_sub(1), o + 1]);
+            for offset in offsets.filter(|&o| o <= u32::MAX as usize) {
+                for len in [1, 2, page / 2, page - 1, page, page + 1, 2 * page, 3 * page] {
+                    let (o, l) = (offset as u32, len as u32);
+                    let want =
+                        tx_plan::within_one_chunk(o, l, chunk.min(u32::MAX as usize) as u32) && offset + len <= end;
+                    let got = r.chunk_of(o, l);
+                    assert_eq!(got.is_some(), want, "{offset}+{len} in {chunk}-byte chunks of {end}");
+                    if let Some((i, start, chunk_len)) = got {
+                        assert_eq!((i, start), (offset / chunk, offset / chunk * chunk));
+                        assert_eq!(chunk_len, chunk.min(end - start));
+                    }
+                    assert!(r.registered_sge(o, l).is_none(), "no chunk is registered");
+                }
+            }
+        }
     }
 }
