@@ -54,6 +54,11 @@ pub struct Conn {
     /// Server: `ct->accept` was called (conn->state left ACCEPTING). Clients start
     /// accepted: they have no server to hand the connection to.
     accepted: bool,
+    /// What [`server_state`](Conn::server_state) and [`failure`](Conn::failure) say may
+    /// have changed since [`take_state_change`](Conn::take_state_change) last asked:
+    /// set wherever the state or `accepted` changes, so that the transport writes
+    /// `conn->state` only when it has something new to say.
+    state_changed: bool,
     control: VecDeque<ControlMessage>,
     read_handler: bool,
     write_handler: bool,
@@ -91,6 +96,7 @@ impl Conn {
             state: State::Accepting,
             session: Session::new(role, rx.addr, rx.len, rx.key),
             accepted: role == Role::Client,
+            state_changed: true,
             control: VecDeque::new(),
             read_handler: false,
             write_handler: false,
@@ -132,6 +138,13 @@ impl Conn {
             State::PeerClosed | State::Closed => ServerState::Closed,
             State::Failed(_) => ServerState::Error,
         }
+    }
+
+    /// Whether the server state or the failure may have changed since the last call
+    /// (the first call: true). A caller that publishes the state publishes it then.
+    #[inline]
+    pub fn take_state_change(&mut self) -> bool {
+        std::mem::take(&mut self.state_changed)
     }
 
     pub fn failure(&self) -> Option<&Failure> {
@@ -219,6 +232,7 @@ impl Conn {
             return Err(AcceptError::Gone);
         }
         self.accepted = true;
+        self.state_changed = true;
         Ok(())
     }
 
@@ -227,6 +241,7 @@ impl Conn {
     pub fn on_established(&mut self) {
         if matches!(self.state, State::Accepting) {
             self.state = State::Established;
+            self.state_changed = true;
             self.control.push_back(self.session.register_rx());
         }
     }
@@ -239,6 +254,7 @@ impl Conn {
     pub fn on_disconnected(&mut self) -> bool {
         if self.is_live() {
             self.state = State::PeerClosed;
+            self.state_changed = true;
             self.control.clear();
             return true;
         }
@@ -255,6 +271,7 @@ impl Conn {
 
     fn fail(&mut self, f: Failure) -> Failure {
         self.state = State::Failed(f.clone());
+        self.state_changed = true;
         self.control.clear();
         f
     }
@@ -586,6 +603,47 @@ mod tests {
                 Step::Done { pending } => return (called, pending),
             }
         }
+    }
+
+    /// The transport writes `conn->state` only when the core reports a change
+    /// (`take_state_change`): every input that changes what the server sees reports it,
+    /// and the data path, which changes nothing, does not.
+    #[test]
+    fn every_change_of_what_the_server_sees_is_reported_once_and_data_is_not() {
+        let mut c = Conn::new(Role::Server, rx());
+        assert!(c.take_state_change(), "the first state is yet to be published");
+        assert!(!c.take_state_change(), "reported once");
+        c.set_read_handler(true);
+        c.on_accepted().unwrap();
+        assert!(c.take_state_change(), "accepted: CONNECTED");
+        c.on_established();
+        assert!(c.take_state_change(), "established");
+        c.on_established();
+        assert!(!c.take_state_change(), "a repeated ESTABLISHED changes nothing");
+        c.poll_control();
+        let reg = ControlMessage::RegisterXferMemory { addr: 0x9000, length: 50, key: 3 }.encode();
+        c.on_control(&reg).unwrap();
+        c.on_data(10).unwrap();
+        c.read(4).unwrap();
+        c.write(5, true).unwrap();
+        assert!(!c.take_state_change(), "data in and out changes nothing the server sees");
+        assert!(c.on_disconnected());
+        assert!(c.take_state_change(), "the peer left");
+        c.close();
+        assert!(c.take_state_change(), "closed");
+
+        let mut c = established_server();
+        c.take_state_change();
+        assert!(c.on_data(1000).is_err());
+        assert!(c.take_state_change(), "a violation fails the connection");
+        let mut c = established_server();
+        c.take_state_change();
+        assert!(c.on_local_error("ibv_post_send", libc::EIO).is_err());
+        assert!(c.take_state_change(), "a local error fails it");
+        let mut c = established_server();
+        c.take_state_change();
+        assert!(c.on_work_request_failed(5, 0).is_err());
+        assert!(c.take_state_change(), "a failed work request fails it");
     }
 
     #[test]

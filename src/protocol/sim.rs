@@ -248,6 +248,9 @@ struct Side {
     keepalives: u64,
     features_asked: u64,
     features_answered: u64,
+    /// What the server saw last of the core's state and failure, as the transport
+    /// publishes it: updated only when the core reports a change.
+    published: Option<(ServerState, Option<i32>)>,
 }
 
 impl Side {
@@ -308,6 +311,7 @@ impl Side {
             keepalives: 0,
             features_asked: 0,
             features_answered: 0,
+            published: None,
         }
     }
 
@@ -618,10 +622,33 @@ impl Sim {
         while self.step < steps {
             self.step += 1;
             self.random_action();
+            self.check_published_state();
             self.iterate_both();
+            self.check_published_state();
         }
         self.quiesce();
+        self.check_published_state();
         self.final_checks();
+    }
+
+    /// The transport writes `conn->state` only when the core reports a change
+    /// (`Conn::take_state_change`): a change it did not report would leave the server
+    /// with a stale state, so each side's state is published here as the transport
+    /// would, and must then be what the core says.
+    fn check_published_state(&mut self) {
+        for (side, name) in self.sides.iter_mut().zip(NAME) {
+            let core = &mut side.d.core;
+            let now = (core.server_state(), core.failure().map(Failure::errno));
+            if core.take_state_change() {
+                side.published = Some(now);
+            }
+            if side.published != Some(now) {
+                panic!(
+                    "seed {}: {name} is {now:?} but the server saw {:?}: a change not reported",
+                    self.seed, side.published
+                );
+            }
+        }
     }
 
     // ----- random actions ----------------------------------------------------------

@@ -249,18 +249,22 @@ impl RdmaConnection {
     }
 }
 
-/// Publishes the core's state to the server's `conn->state` (and `last_errno`), and
-/// logs a failure the input just caused (once per connection, rate-limited).
+/// Publishes the core's state to the server's `conn->state` (and `last_errno`) if it
+/// may have changed since it was last published (the core says so: a read or a
+/// completion that fails nothing changes nothing the server sees), and logs a failure
+/// the input just caused (once per connection, rate-limited).
 #[inline]
-fn publish(c: &HostedConn, inner: &Inner, failed: Option<Failure>) {
-    let core = &inner.d.core;
-    let state = match core.server_state() {
-        ServerState::Accepting => ConnState::Accepting,
-        ServerState::Connected => ConnState::Connected,
-        ServerState::Closed => ConnState::Closed,
-        ServerState::Error => ConnState::Error,
-    };
-    c.publish(state, core.failure().map_or(0, Failure::errno));
+fn publish(c: &HostedConn, inner: &mut Inner, failed: Option<Failure>) {
+    let core = &mut inner.d.core;
+    if core.take_state_change() {
+        let state = match core.server_state() {
+            ServerState::Accepting => ConnState::Accepting,
+            ServerState::Connected => ConnState::Connected,
+            ServerState::Closed => ConnState::Closed,
+            ServerState::Error => ConnState::Error,
+        };
+        c.publish(state, core.failure().map_or(0, Failure::errno));
+    }
     if let Some(f) = failed {
         report_failure(c, f);
     }
@@ -443,7 +447,7 @@ pub(crate) fn on_established(c: &HostedConn) {
     let mut g = c.inner.lock();
     g.handshake = None;
     let failed = g.d.on_established();
-    publish(c, &g, failed);
+    publish(c, &mut g, failed);
 }
 
 /// The peer left (DISCONNECTED and friends). The completion queue is then drained to
@@ -454,7 +458,7 @@ pub(crate) fn on_disconnected(c: &HostedConn) {
     {
         let mut g = c.inner.lock();
         g.d.core.on_disconnected();
-        publish(c, &g, None);
+        publish(c, &mut g, None);
     }
     if let Some((cq, _)) = c.inner.shared_cq {
         return super::shared_cqs::drain(cq, &mut ToConnections);
@@ -488,7 +492,7 @@ pub(crate) fn keepalive(c: &HostedConn, quiet_turn: bool) {
         at.nothing_in_flight = t.nothing_in_flight;
     }
     let failed = g.d.keepalive(at);
-    publish(c, &g, failed);
+    publish(c, &mut g, failed);
 }
 
 /// Queues the connection for `process_pending_data` if something is due without an fd
@@ -583,7 +587,7 @@ pub(crate) fn accept(c: &Arc<HostedConn>) -> bool {
             return false;
         }
         g.d.core.enter_handler();
-        publish(c, &g, None);
+        publish(c, &mut g, None);
     }
     c.call(ServerHandler::Accept);
     if !after_handler(c) {

@@ -343,6 +343,7 @@ impl Conn {
     pub fn close(&mut self) -> CloseOutcome {
         let unregister = !matches!(self.state, State::Closed);
         self.state = State::Closed;
+        self.state_changed = true;
         self.control.clear();
         let free_now = self.depth == 0 && !self.freed;
         if free_now {
