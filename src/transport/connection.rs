@@ -251,8 +251,8 @@ impl RdmaConnection {
 
 /// Publishes the core's state to the server's `conn->state` (and `last_errno`) if it
 /// may have changed since it was last published (the core says so: a read or a
-/// completion that fails nothing changes nothing the server sees), and logs a failure
-/// the input just caused (once per connection, rate-limited).
+/// completion that fails nothing changes nothing the server sees; docs/server-abi.md
+/// §4.4), and logs a failure the input just caused (once per connection, rate-limited).
 #[inline]
 fn publish(c: &HostedConn, inner: &mut Inner, failed: Option<Failure>) {
     let core = &mut inner.d.core;
