@@ -56,7 +56,7 @@ pub struct Conn {
     accepted: bool,
     /// What [`server_state`](Conn::server_state) and [`failure`](Conn::failure) say may
     /// have changed since [`take_state_change`](Conn::take_state_change) last asked:
-    /// set wherever the state or `accepted` changes, so that the transport writes
+    /// set by [`set_state`](Conn::set_state) and by the accept, so that the transport writes
     /// `conn->state` only when it has something new to say.
     state_changed: bool,
     control: VecDeque<ControlMessage>,
@@ -240,8 +240,7 @@ impl Conn {
     /// A repeated event, or one after the connection ended, is ignored.
     pub fn on_established(&mut self) {
         if matches!(self.state, State::Accepting) {
-            self.state = State::Established;
-            self.state_changed = true;
+            self.set_state(State::Established);
             self.control.push_back(self.session.register_rx());
         }
     }
@@ -253,8 +252,7 @@ impl Conn {
     /// failure. Unsent control messages are dropped. Returns whether the state changed.
     pub fn on_disconnected(&mut self) -> bool {
         if self.is_live() {
-            self.state = State::PeerClosed;
-            self.state_changed = true;
+            self.set_state(State::PeerClosed);
             self.control.clear();
             return true;
         }
@@ -269,9 +267,15 @@ impl Conn {
         self.fail(Failure::Protocol(v))
     }
 
-    fn fail(&mut self, f: Failure) -> Failure {
-        self.state = State::Failed(f.clone());
+    /// Every change of the state goes through here, so that each is reported to
+    /// [`take_state_change`](Self::take_state_change).
+    fn set_state(&mut self, state: State) {
+        self.state = state;
         self.state_changed = true;
+    }
+
+    fn fail(&mut self, f: Failure) -> Failure {
+        self.set_state(State::Failed(f.clone()));
         self.control.clear();
         f
     }

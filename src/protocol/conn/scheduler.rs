@@ -342,8 +342,7 @@ impl Conn {
     /// (docs/server-abi.md §4.4).
     pub fn close(&mut self) -> CloseOutcome {
         let unregister = !matches!(self.state, State::Closed);
-        self.state = State::Closed;
-        self.state_changed = true;
+        self.set_state(State::Closed);
         self.control.clear();
         let free_now = self.depth == 0 && !self.freed;
         if free_now {
