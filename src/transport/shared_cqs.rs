@@ -15,7 +15,6 @@
 //! The per-wake-up budget bounds the main thread's time in one CQ; what it leaves is
 //! polled again from `process_pending_data`, after the other events had their turn.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -67,6 +66,10 @@ pub(crate) struct Shared {
     left: Vec<bool>,
     /// The number of the latest poll routed (never 0: an owner not yet routed has 0).
     routed: u32,
+    /// The scratches of polls that ended, emptied, for the next (one per poll in
+    /// progress: a handler may run a nested poll).
+    #[allow(clippy::vec_box)]
+    scratches: Vec<Box<Scratch>>,
 }
 
 /// A device's completion channel, and the CQs that signal it: known at the wake-up
@@ -82,7 +85,14 @@ struct Channel {
 
 impl Shared {
     pub(crate) const fn new() -> Shared {
-        Shared { channels: Vec::new(), cqs: Vec::new(), owners: Vec::new(), left: Vec::new(), routed: 0 }
+        Shared {
+            channels: Vec::new(),
+            cqs: Vec::new(),
+            owners: Vec::new(),
+            left: Vec::new(),
+            routed: 0,
+            scratches: Vec::new(),
+        }
     }
 }
 
@@ -211,32 +221,35 @@ pub(crate) trait Delivery {
 /// channel; an event that comes after keeps the level-triggered fd readable, and the
 /// event loop calls again. A channel that several CQs signal is read until it is empty,
 /// so that one wake-up serves every CQ with completions (docs/protocol.md §4.6).
+///
+/// One hold of the table per event: the channel, its event, the CQ it names, the poll
+/// and the routing (only the event loop's thread polls; nothing under the hold calls
+/// back into the table).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
-    // One hold of the table: the channel, and its CQ when it has one (the CQ an event
-    // of that channel names).
-    let (ch, only) = {
-        let s = MODULE.shared_cqs.lock();
-        let Some(c) = s.channels.get(channel).and_then(Option::as_ref) else { return };
-        let only = if c.cqs == 1 { s.cqs[c.first_cq].clone().map(|q| (c.first_cq, q)) } else { None };
-        (Arc::clone(&c.ch), only)
-    };
-    // (an event names a CQ of this channel: the one it has, or one to find)
-    let mut on_event = |cq| match &only {
-        Some((i, q)) if q.is(cq) => {
-            poll_cq(*i, q, Then::RunHandlers, d);
-        }
-        _ => {
-            let found = MODULE.shared_cqs.lock().cqs.iter().enumerate().find_map(|(i, q)| {
-                let q = q.as_ref().filter(|q| q.is(cq))?;
-                Some((i, Arc::clone(q)))
-            });
-            if let Some((i, q)) = found {
-                poll_cq(i, &q, Then::RunHandlers, d);
+    loop {
+        let (routed, one_cq) = {
+            let mut s = MODULE.shared_cqs.lock();
+            let Some(c) = s.channels.get(channel).and_then(Option::as_ref) else { return };
+            let (one_cq, first) = (c.cqs == 1, c.first_cq);
+            // (an event names a CQ of this channel: the one it has, or one to find)
+            let mut named = None;
+            let cqs = &s.cqs;
+            let is = |i: usize, cq| cqs[i].as_ref().is_some_and(|q| q.is(cq));
+            if !c.ch.take_event(|cq| {
+                named = if one_cq && is(first, cq) { Some(first) } else { (0..cqs.len()).find(|&i| is(i, cq)) }
+            }) {
+                return;
             }
+            (named.and_then(|i| poll_routed(&mut s, i)), one_cq)
+        };
+        if let Some((scratch, _)) = routed {
+            finish(scratch, Then::RunHandlers, d);
         }
-    };
-    while ch.take_event(&mut on_event) && only.is_none() {}
+        if one_cq {
+            return;
+        }
+    }
 }
 
 /// Polls CQ `cq` until it is empty, the connections that got completions queued: a
@@ -254,8 +267,8 @@ pub(crate) fn drain(cq: usize, d: &mut impl Delivery) {
 /// CQs whose `left` is set: asked at every turn of the event loop, without the lock.
 static LEFT: AtomicUsize = AtomicUsize::new(0);
 
-fn set_left(s: &mut Shared, cq: usize, left: bool) {
-    let was = std::mem::replace(&mut s.left[cq], left);
+fn set_left(lefts: &mut [bool], cq: usize, left: bool) {
+    let was = std::mem::replace(&mut lefts[cq], left);
     if was != left {
         if left {
             LEFT.fetch_add(1, Ordering::Relaxed);
@@ -302,7 +315,7 @@ pub(crate) fn forget_device(device: DeviceKey) -> usize {
         if s.cqs[i].as_ref().is_some_and(|q| q.device() == device) {
             s.cqs[i] = None;
             s.owners[i].clear();
-            set_left(&mut s, i, false);
+            set_left(&mut s.left, i, false);
             forgotten += 1;
         }
     }
@@ -332,17 +345,23 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// arrival order, one lock per run of a connection's completions; then each of those
 /// connections runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
-    let Some(q) = MODULE.shared_cqs.lock().cqs.get(cq).cloned().flatten() else { return false };
-    poll_cq(cq, &q, then, d)
+    let Some((scratch, left)) = poll_routed(&mut MODULE.shared_cqs.lock(), cq) else { return false };
+    finish(scratch, then, d);
+    left
 }
 
-/// [`poll`] of `q`, the CQ numbered `cq`, found by the caller.
+/// Under the table's hold: polls CQ `cq` (within the budget) into a scratch and routes
+/// what it took to the QPs' owners. `None`: no such CQ (its device was removed).
+/// Returns the scratch, for [`finish`] once the hold is released, and whether
+/// completions were left.
 #[inline(always)]
-fn poll_cq(cq: usize, q: &SharedCq, then: Then, d: &mut impl Delivery) -> bool {
+fn poll_routed(s: &mut Shared, cq: usize) -> Option<(Box<Scratch>, bool)> {
+    let Shared { cqs, owners, left: lefts, routed, scratches, .. } = s;
+    let q = cqs.get(cq)?.as_ref()?;
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
-    let mut s = Scratch::take();
-    let left = match q.poll(budget, &mut s.polled) {
+    let mut scratch = Scratch::take(scratches);
+    let left = match q.poll(budget, &mut scratch.polled) {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.
@@ -350,23 +369,31 @@ fn poll_cq(cq: usize, q: &SharedCq, then: Then, d: &mut impl Delivery) -> bool {
             false
         }
     };
-    stats::add(&MODULE.stats.completions, s.polled.len() as u64);
-    stats::add(&MODULE.stats.budget_hits, left.into());
-    {
-        let mut shared = MODULE.shared_cqs.lock();
-        set_left(&mut shared, cq, left);
-        shared.routed = shared.routed.checked_add(1).unwrap_or(1);
-        let serial = shared.routed;
-        s.routes.route(&mut shared.owners[cq], serial, &s.polled, Arc::clone);
+    stats::add(&MODULE.stats.completions, scratch.polled.len() as u64);
+    if left {
+        stats::add(&MODULE.stats.budget_hits, 1);
     }
-    s.deliver(then, d);
-    s.put_back();
-    left
+    set_left(lefts, cq, left);
+    *routed = routed.checked_add(1).unwrap_or(1);
+    let Scratch { polled, routes } = &mut *scratch;
+    routes.route(&mut owners[cq], *routed, polled, Arc::clone);
+    Some((scratch, left))
 }
 
-/// What one poll works in. Kept between polls (per thread, one for each poll in
-/// progress: a handler may run a nested poll), so that once its vectors have grown to
-/// the largest poll seen, a wake-up allocates nothing (docs/measurements/poll-scratch-2026-12-02).
+/// After the table's hold: the routed completions to their connections, then their
+/// handlers (or the pending list); the scratch is emptied (its connections let go
+/// here, outside the hold: the last one may be freed) and kept for the next poll.
+#[inline(always)]
+fn finish(mut scratch: Box<Scratch>, then: Then, d: &mut impl Delivery) {
+    scratch.deliver(then, d);
+    let scratch = scratch.emptied();
+    MODULE.shared_cqs.lock().scratches.push(scratch);
+}
+
+/// What one poll works in. Kept between polls ([`Shared::scratches`], one for each
+/// poll in progress: a handler may run a nested poll), so that once its vectors have
+/// grown to the largest poll seen, a wake-up allocates nothing
+/// (docs/measurements/poll-scratch-2026-12-02).
 #[derive(Default)]
 struct Scratch {
     /// The completions of the poll, in arrival order.
@@ -376,16 +403,12 @@ struct Scratch {
     routes: Routes<Arc<HostedConn>>,
 }
 
-thread_local! {
-    // Boxed: taking one and putting it back moves a pointer, not the scratch
-    // (docs/measurements/instructions-2026-12-05).
-    #[allow(clippy::vec_box)]
-    static SCRATCHES: RefCell<Vec<Box<Scratch>>> = const { RefCell::new(Vec::new()) };
-}
-
 impl Scratch {
-    fn take() -> Box<Scratch> {
-        SCRATCHES.with_borrow_mut(Vec::pop).unwrap_or_default()
+    /// One of the `kept` scratches, or a new one. Boxed: taking one and putting it back
+    /// moves a pointer, not the scratch (docs/measurements/instructions-2026-12-05).
+    #[allow(clippy::vec_box)]
+    fn take(kept: &mut Vec<Box<Scratch>>) -> Box<Scratch> {
+        kept.pop().unwrap_or_default()
     }
 
     /// The routed completions to their connections, then their handlers (or the
@@ -404,12 +427,12 @@ impl Scratch {
         });
     }
 
-    /// `routes` is cleared where it is filled, and its visits here (they must not keep
-    /// a connection alive); `polled` is pushed to.
-    fn put_back(mut self: Box<Self>) {
+    /// Ready to be kept: `routes` is cleared where it is filled, and its visits here
+    /// (they must not keep a connection alive); `polled` is pushed to.
+    fn emptied(mut self: Box<Self>) -> Box<Self> {
         self.polled.clear();
         self.routes.visits.clear();
-        SCRATCHES.with_borrow_mut(|kept| kept.push(self));
+        self
     }
 }
 
@@ -634,8 +657,9 @@ mod tests {
                 vec![(a.key(), how), (b.key(), how), (c.key(), how)],
                 "latest first receive first, then the connections without a receive"
             );
-            Box::new(s).put_back();
-            assert_eq!([&a, &b, &c].map(Arc::strong_count), held, "the scratch put back keeps no connection alive");
+            let kept = Box::new(s).emptied();
+            assert_eq!([&a, &b, &c].map(Arc::strong_count), held, "the scratch kept holds no connection");
+            drop(kept);
         }
         for x in [&a, &b, &c] {
             crate::transport::connection::close(x);
@@ -799,15 +823,15 @@ mod tests {
 
     #[test]
     fn a_nested_poll_takes_a_scratch_of_its_own_and_both_are_kept() {
-        SCRATCHES.with_borrow_mut(Vec::clear);
-        let mut outer = Scratch::take();
+        let mut kept = Vec::new();
+        let mut outer = Scratch::take(&mut kept);
         outer.polled.push(WorkCompletion::received(1, 1));
-        let inner = Scratch::take();
+        let inner = Scratch::take(&mut kept);
         assert!(inner.polled.is_empty(), "the nested poll must not see the outer one's completions");
-        inner.put_back();
-        outer.put_back();
-        assert_eq!(SCRATCHES.with_borrow(Vec::len), 2);
-        let again = Scratch::take();
+        kept.push(inner.emptied());
+        kept.push(outer.emptied());
+        assert_eq!(kept.len(), 2);
+        let again = Scratch::take(&mut kept);
         assert!(again.polled.is_empty() && again.polled.capacity() > 0, "kept, emptied, its room reused");
     }
 
