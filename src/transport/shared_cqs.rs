@@ -222,9 +222,8 @@ pub(crate) trait Delivery {
 /// event loop calls again. A channel that several CQs signal is read until it is empty,
 /// so that one wake-up serves every CQ with completions (docs/protocol.md §4.6).
 ///
-/// One hold of the table per event: the channel, its event, the CQ it names, the poll
-/// and the routing (only the event loop's thread polls; nothing under the hold calls
-/// back into the table).
+/// One hold of the table per event: the channel, its event, the CQ it names, the poll,
+/// and each completion routed to its connection's core ([`poll_routed`]).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
     stats::add(&MODULE.stats.wakeups, 1);
     loop {
@@ -241,7 +240,7 @@ pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
             }) {
                 return;
             }
-            (named.and_then(|i| poll_routed(&mut s, i)), one_cq)
+            (named.and_then(|i| poll_routed(&mut s, i, d)), one_cq)
         };
         if let Some((scratch, _)) = routed {
             finish(scratch, Then::RunHandlers, d);
@@ -345,17 +344,26 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// arrival order, one lock per run of a connection's completions; then each of those
 /// connections runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
-    let Some((scratch, left)) = poll_routed(&mut MODULE.shared_cqs.lock(), cq) else { return false };
+    let Some((scratch, left)) = poll_routed(&mut MODULE.shared_cqs.lock(), cq, d) else { return false };
     finish(scratch, then, d);
     left
 }
 
-/// Under the table's hold: polls CQ `cq` (within the budget) into a scratch and routes
-/// what it took to the QPs' owners. `None`: no such CQ (its device was removed).
-/// Returns the scratch, for [`finish`] once the hold is released, and whether
-/// completions were left.
+/// Under the table's hold: polls CQ `cq` (within the budget) into a scratch, and hands
+/// each run of one QP's completions to its owner's core as it is routed
+/// ([`Delivery::completions`]). `None`: no such CQ (its device was removed). Returns
+/// the scratch, whose visits [`finish`] takes once the hold is released, and
+/// whether completions were left.
+///
+/// Every completion reaches its core before any handler runs: a handler may process
+/// events while it blocks (a long script), and a poll nested there must find nothing
+/// of this one still undelivered, or a connection would see later bytes first. Runs go
+/// in arrival order, so each connection's do too.
+///
+/// Locks: the table, then a connection's (its core takes the completions); nothing
+/// holds a connection's lock while it takes the table's.
 #[inline(always)]
-fn poll_routed(s: &mut Shared, cq: usize) -> Option<(Box<Scratch>, bool)> {
+fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Box<Scratch>, bool)> {
     let Shared { cqs, owners, left: lefts, routed, scratches, .. } = s;
     let q = cqs.get(cq)?.as_ref()?;
     // (the test knob makes the budget small, so that the suite reaches this path)
@@ -376,16 +384,16 @@ fn poll_routed(s: &mut Shared, cq: usize) -> Option<(Box<Scratch>, bool)> {
     set_left(lefts, cq, left);
     *routed = routed.checked_add(1).unwrap_or(1);
     let Scratch { polled, routes } = &mut *scratch;
-    routes.route(&mut owners[cq], *routed, polled, Arc::clone);
+    routes.route(&mut owners[cq], *routed, polled, Arc::clone, |c, wcs| d.completions(c, wcs));
     Some((scratch, left))
 }
 
-/// After the table's hold: the routed completions to their connections, then their
-/// handlers (or the pending list); the scratch is emptied (its connections let go
-/// here, outside the hold: the last one may be freed) and kept for the next poll.
+/// After the table's hold: the handlers of the connections that got completions (or
+/// the pending list); the scratch is emptied (its connections let go here, outside the
+/// hold: the last one may be freed) and kept for the next poll.
 #[inline(always)]
-fn finish(mut scratch: Box<Scratch>, then: Then, d: &mut impl Delivery) {
-    scratch.deliver(then, d);
+fn finish(scratch: Box<Scratch>, then: Then, d: &mut impl Delivery) {
+    scratch.run_handlers(then, d);
     let scratch = scratch.emptied();
     MODULE.shared_cqs.lock().scratches.push(scratch);
 }
@@ -411,16 +419,9 @@ impl Scratch {
         kept.pop().unwrap_or_default()
     }
 
-    /// The routed completions to their connections, then their handlers (or the
-    /// pending list), in [`Routes::in_handler_order`].
-    fn deliver(&mut self, then: Then, d: &mut impl Delivery) {
-        // Every completion reaches its core before any handler runs: a handler may
-        // process events while it blocks (a long script), and a poll nested there must
-        // find nothing of this one still undelivered, or a connection would see later
-        // bytes first. Runs go in arrival order, so each connection's do too.
-        for (c, run) in self.routes.owned_runs() {
-            d.completions(c, &self.polled[run]);
-        }
+    /// The handlers of the connections routed (or the pending list), in
+    /// [`Routes::in_handler_order`].
+    fn run_handlers(&self, then: Then, d: &mut impl Delivery) {
         self.routes.in_handler_order(|c| match then {
             Then::RunHandlers => d.run(c),
             Then::Queue => d.queue(c),
@@ -440,23 +441,19 @@ impl Scratch {
 const NO_VISIT: u32 = u32::MAX;
 
 /// One poll's completions by the connection that owns their QP, made in one pass and
-/// with one look-up of the owner table per run of a connection's completions: the
-/// connections in the order each first appears (`visits`), the runs of consecutive
-/// completions of one QP in arrival order (`runs`), and which connections
-/// received something, in the order of their first receive (`receivers`). Completions
-/// stay where the poll put them: a run is a range of them. `T` is the owner (the
-/// connection; a plain key in the tests), resolved once per poll.
+/// with one look-up of the owner table per run of consecutive completions of one QP:
+/// each run handed to its owner as it ends, the connections in the order each first
+/// appears (`visits`), and which connections received something, in the order of
+/// their first receive (`receivers`). `T` is the owner (the connection; a plain key in
+/// the tests), resolved once per poll.
 struct Routes<T> {
     visits: Vec<Visit<T>>,
-    runs: Vec<CompletionRun>,
     receivers: Vec<u32>,
-    /// The completions routed: the end of the last run.
-    completions: u32,
 }
 
 impl<T> Default for Routes<T> {
     fn default() -> Self {
-        Routes { visits: Vec::new(), runs: Vec::new(), receivers: Vec::new(), completions: 0 }
+        Routes { visits: Vec::new(), receivers: Vec::new() }
     }
 }
 
@@ -466,37 +463,39 @@ struct Visit<T> {
     received: bool,
 }
 
-/// Consecutive completions of one QP, from `start` of the poll's to the next run's
-/// start (the poll's end for the last run): a run ends where another begins, so the
-/// completions inside one cost the routing nothing. `visit` is [`NO_VISIT`] for a QP
-/// that no live connection owns.
-struct CompletionRun {
-    visit: u32,
-    start: u32,
-}
-
 impl<T> Routes<T> {
     fn clear(&mut self) {
         self.visits.clear();
-        self.runs.clear();
         self.receivers.clear();
     }
 
     /// Routes `wcs`, the completions of poll number `serial` ([`Shared::routed`]):
-    /// each run of one QP's completions to the connection that owns it; those of QPs
-    /// with no owner (a closed connection) are dropped. `resolve` turns an owner into
-    /// the visit's hold on it. The owner table notes each owner's visit in this poll,
-    /// so no search of the visits is made.
-    fn route<O>(&mut self, owners: &mut OwnerMap<O>, serial: u32, wcs: &[WorkCompletion], resolve: impl Fn(&O) -> T) {
+    /// each run of consecutive completions of one QP goes to `deliver` with the
+    /// connection that owns it, in arrival order, as the run ends (a run ends where
+    /// another begins, so the completions inside one cost the routing nothing); those
+    /// of QPs with no owner (a closed connection) are dropped. `resolve` turns an owner
+    /// into the visit's hold on it. The owner table notes each owner's visit in this
+    /// poll, so no search of the visits is made.
+    #[inline(always)]
+    fn route<O>(
+        &mut self,
+        owners: &mut OwnerMap<O>,
+        serial: u32,
+        wcs: &[WorkCompletion],
+        resolve: impl Fn(&O) -> T,
+        mut deliver: impl FnMut(&T, &[WorkCompletion]),
+    ) {
         self.clear();
-        self.completions = wcs.len() as u32;
-        let (mut last_qp, mut visit) = (None, NO_VISIT);
+        let (mut last_qp, mut visit, mut start) = (None, NO_VISIT, 0);
         for (i, wc) in wcs.iter().enumerate() {
             let qp = wc.qp_num();
             if last_qp != Some(qp) {
+                if visit != NO_VISIT {
+                    deliver(&self.visits[visit as usize].owner, &wcs[start..i]);
+                }
                 last_qp = Some(qp);
                 visit = self.visit_of(owners, serial, qp, &resolve);
-                self.runs.push(CompletionRun { visit, start: i as u32 });
+                start = i;
             }
             if visit != NO_VISIT && wc.is_receive() {
                 let v = &mut self.visits[visit as usize];
@@ -506,15 +505,9 @@ impl<T> Routes<T> {
                 }
             }
         }
-    }
-
-    /// Each run of an owned QP's completions, in arrival order: its owner and its range
-    /// of the poll's completions.
-    fn owned_runs(&self) -> impl Iterator<Item = (&T, std::ops::Range<usize>)> + '_ {
-        self.runs.iter().enumerate().filter(|(_, r)| r.visit != NO_VISIT).map(|(k, r)| {
-            let end = self.runs.get(k + 1).map_or(self.completions, |next| next.start);
-            (&self.visits[r.visit as usize].owner, r.start as usize..end as usize)
-        })
+        if visit != NO_VISIT {
+            deliver(&self.visits[visit as usize].owner, &wcs[start..]);
+        }
     }
 
     /// The visit of QP `qp` in poll `serial`, made at its first completion of the poll;
@@ -589,8 +582,8 @@ mod tests {
         serial: u32,
         wcs: &[WorkCompletion],
     ) -> (Vec<(usize, Vec<u64>)>, Vec<usize>) {
-        routes.route(owners, serial, wcs, |k| *k);
-        let runs = routes.owned_runs().map(|(k, r)| (*k, wcs[r].iter().map(|wc| wc.wr_id()).collect())).collect();
+        let mut runs = Vec::new();
+        routes.route(owners, serial, wcs, |k| *k, |k, run| runs.push((*k, run.iter().map(|wc| wc.wr_id()).collect())));
         let mut order = Vec::new();
         routes.in_handler_order(|k| order.push(*k));
         let (mut once, mut visited): (Vec<usize>, Vec<usize>) =
@@ -643,9 +636,11 @@ mod tests {
         let held = [&a, &b, &c].map(Arc::strong_count);
         for (serial, then) in [(1, Then::RunHandlers), (2, Then::Queue)] {
             let mut s = Scratch { polled: wcs.clone(), ..Default::default() };
-            s.routes.route(&mut owners, serial, &s.polled, Arc::clone);
             let mut d = Record::default();
-            s.deliver(then, &mut d);
+            let Scratch { polled, routes } = &mut s;
+            routes.route(&mut owners, serial, polled, Arc::clone, |c, wcs| d.completions(c, wcs));
+            assert!(d.then.is_empty(), "every completion reaches its core before any handler runs");
+            s.run_handlers(then, &mut d);
             assert_eq!(
                 d.completions,
                 vec![(b.key(), vec![1]), (c.key(), vec![2]), (a.key(), vec![4]), (b.key(), vec![5])],
