@@ -113,6 +113,8 @@ mod tests {
             rx_windows: None,
             shared_cqs: 0,
             vectors: (0, 0),
+            traffic: Default::default(),
+            polls: Default::default(),
         };
         let fields: Vec<&str> = crate::transport::stats::fields(&now)
             .iter()

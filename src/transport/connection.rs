@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::knobs::{self, Knob};
-use super::stats;
+use super::stats::{self, Traffic};
 use super::worker::Slot;
 use super::MODULE;
 use super::{live, log_limited, pending, HostedConn};
@@ -74,6 +74,8 @@ struct ServerNic {
     rx_preparing: Option<Slot<Result<PreparedRx, VerbsError>>>,
     rx_prepared: Option<PreparedRx>,
     peer: Option<SocketAddr>,
+    /// Counted here, under the connection's lock; the module's totals take it at close.
+    traffic: Traffic,
 }
 
 /// What a call on a torn-down endpoint reports (never reached: the transport does not
@@ -117,8 +119,8 @@ impl Nic for ServerNic {
     #[inline(always)]
     fn post_write(&mut self, grant: &WriteGrant, parts: &[&[u8]]) -> Result<(), LocalError> {
         Nic::post_write(self.ep.as_mut().ok_or(TORN_DOWN)?, grant, parts)?;
-        stats::add(&MODULE.stats.bytes_out, grant.len.into());
-        stats::add(&MODULE.stats.writes_out, 1);
+        self.traffic.bytes_out += u64::from(grant.len);
+        self.traffic.writes_out += 1;
         Ok(())
     }
     #[inline]
@@ -182,7 +184,16 @@ impl RdmaConnection {
             device: DeviceKey::of(ep.id()),
             postponed: AtomicI32::new(Postpone::NONE.mask()),
             state: Mutex::new(Inner {
-                d: Driver::new(core, ServerNic { ep: Some(ep), rx_preparing: None, rx_prepared: None, peer }),
+                d: Driver::new(
+                    core,
+                    ServerNic {
+                        ep: Some(ep),
+                        rx_preparing: None,
+                        rx_prepared: None,
+                        peer,
+                        traffic: Traffic::default(),
+                    },
+                ),
                 completions: Vec::with_capacity(COMPLETIONS_PER_OWN_POLL),
                 handshake,
                 watch: None,
@@ -211,7 +222,13 @@ impl RdmaConnection {
             state: Mutex::new(Inner {
                 d: Driver::new(
                     Conn::new(Role::Server, rx),
-                    ServerNic { ep: None, rx_preparing: None, rx_prepared: None, peer: None },
+                    ServerNic {
+                        ep: None,
+                        rx_preparing: None,
+                        rx_prepared: None,
+                        peer: None,
+                        traffic: Traffic::default(),
+                    },
                 ),
                 completions: Vec::new(),
                 handshake: None,
@@ -307,7 +324,7 @@ pub(crate) fn read(c: &HostedConn, buf: &mut [u8]) -> Option<usize> {
     let (n, failed) = inner.d.read(buf);
     let n = n.ok()?;
     publish(c, inner, failed);
-    stats::add(&MODULE.stats.bytes_in, n as u64);
+    inner.d.nic.traffic.bytes_in += n as u64;
     Some(n)
 }
 
@@ -401,7 +418,7 @@ pub(crate) fn on_shared_completions(c: &HostedConn, wcs: &[WorkCompletion]) {
     if let Err(f) = inner.d.flush_control() {
         failed.get_or_insert(f);
     }
-    stats::add(&MODULE.stats.writes_in, writes_in);
+    inner.d.nic.traffic.writes_in += writes_in;
     publish(c, inner, failed);
 }
 
@@ -435,7 +452,7 @@ fn with_completions(
     let mut failed = take(ep, &mut inner.completions, &mut inner.d.core);
     let mut writes_in = 0;
     let fed = inner.d.feed(&inner.completions, |r| seen(c, r, &mut writes_in));
-    stats::add(&MODULE.stats.writes_in, writes_in);
+    inner.d.nic.traffic.writes_in += writes_in;
     if let Some(f) = fed {
         failed.get_or_insert(f);
     }
@@ -600,7 +617,12 @@ pub(crate) fn accept(c: &Arc<HostedConn>) -> bool {
 /// `ct->close`: forget the connection; release its verbs resources now, or when the
 /// handler running on it returns (docs/server-abi.md §4.4).
 pub(crate) fn close(c: &Arc<HostedConn>) {
-    let out = c.inner.lock().d.core.close();
+    let out = {
+        let mut g = c.inner.lock();
+        // (what a handler still running on it moves after is retired at teardown)
+        stats::retire(std::mem::take(&mut g.d.nic.traffic));
+        g.d.core.close()
+    };
     if out.unregister {
         live::remove(c);
         pending::remove(c);
@@ -644,6 +666,7 @@ pub(crate) fn teardown(c: &HostedConn) {
     let (ep, prepared, preparing) = {
         let mut g = c.inner.lock();
         g.handshake = None;
+        stats::retire(std::mem::take(&mut g.d.nic.traffic));
         (g.d.nic.ep.take(), g.d.nic.rx_prepared.take(), g.d.nic.rx_preparing.take())
     };
     let Some(mut ep) = ep else { return };
@@ -669,15 +692,25 @@ pub(crate) fn teardown(c: &HostedConn) {
     });
 }
 
-/// For INFO: (pinned bytes, the peer's RX window, our RX window) of a live connection.
-pub(crate) fn footprint(c: &HostedConn) -> (u64, u64, u64) {
+/// For INFO, of a live connection.
+pub(crate) struct Footprint {
+    pub(crate) pinned_bytes: u64,
+    /// The peer's RX window (0: none registered yet), and ours.
+    pub(crate) peer_window: u64,
+    pub(crate) rx_window: u64,
+    /// Its traffic since it was accepted.
+    pub(crate) traffic: stats::Traffic,
+}
+
+pub(crate) fn footprint(c: &HostedConn) -> Footprint {
     let g = c.inner.lock();
     let prepared = g.d.nic.rx_prepared.as_ref().map_or(0, |p| p.pinned_bytes());
-    (
-        g.d.nic.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared),
-        g.d.core.tx().len().into(),
-        g.d.core.rx().len().into(),
-    )
+    Footprint {
+        pinned_bytes: g.d.nic.ep.as_ref().map_or(0, |e| e.pinned_bytes() + prepared),
+        peer_window: g.d.core.tx().len().into(),
+        rx_window: g.d.core.rx().len().into(),
+        traffic: g.d.nic.traffic,
+    }
 }
 
 /// Keeps the server's watch on the connection's own completion channel, for `close`.

@@ -394,16 +394,18 @@ impl Transport for RdmaConnection {
     fn info() -> Vec<InfoField> {
         let live = live::snapshot();
         let mut pinned = 0;
+        let mut traffic = stats::Traffic::default();
         let mut windows: Option<(u64, u64)> = None;
         let mut rx_windows: Option<(u64, u64)> = None;
         let span = |acc: Option<(u64, u64)>, w: u64| Some(acc.map_or((w, w), |(lo, hi)| (lo.min(w), hi.max(w))));
         for c in &live {
-            let (p, w, r) = connection::footprint(c);
-            pinned += p;
-            if w > 0 {
-                windows = span(windows, w);
+            let f = connection::footprint(c);
+            pinned += f.pinned_bytes;
+            traffic.add(&f.traffic);
+            if f.peer_window > 0 {
+                windows = span(windows, f.peer_window);
             }
-            rx_windows = span(rx_windows, r);
+            rx_windows = span(rx_windows, f.rx_window);
         }
         stats::fields(&stats::Now {
             listeners: listener::listening_count(),
@@ -415,6 +417,8 @@ impl Transport for RdmaConnection {
             rx_windows,
             shared_cqs: shared_cqs::count() as u64,
             vectors: shared_cqs::vectors(),
+            traffic,
+            polls: shared_cqs::polls(),
         })
     }
 }

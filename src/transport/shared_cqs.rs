@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     /// progress: a handler may run a nested poll).
     #[allow(clippy::vec_box)]
     scratches: Vec<Box<Scratch>>,
+    /// For INFO, counted under this lock.
+    polls: stats::Polls,
 }
 
 /// A device's completion channel, and the CQs that signal it: known at the wake-up
@@ -92,6 +94,7 @@ impl Shared {
             left: Vec::new(),
             routed: 0,
             scratches: Vec::new(),
+            polls: stats::Polls { wakeups: 0, completions: 0, budget_hits: 0 },
         }
     }
 }
@@ -225,10 +228,11 @@ pub(crate) trait Delivery {
 /// One hold of the table per event: the channel, its event, the CQ it names, the poll,
 /// and each completion routed to its connection's core ([`poll_routed`]).
 pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
-    stats::add(&MODULE.stats.wakeups, 1);
+    let mut wakeup = 1;
     loop {
         let (routed, one_cq) = {
             let mut s = MODULE.shared_cqs.lock();
+            s.polls.wakeups += std::mem::take(&mut wakeup);
             let Some(c) = s.channels.get(channel).and_then(Option::as_ref) else { return };
             let (one_cq, first) = (c.cqs == 1, c.first_cq);
             // (an event names a CQ of this channel: the one it has, or one to find)
@@ -300,6 +304,11 @@ pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
 }
 
 /// Shared CQs now (INFO).
+/// The wake-ups and polls counted so far.
+pub(crate) fn polls() -> stats::Polls {
+    MODULE.shared_cqs.lock().polls
+}
+
 pub(crate) fn count() -> usize {
     MODULE.shared_cqs.lock().cqs.iter().flatten().count()
 }
@@ -364,7 +373,7 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
 /// holds a connection's lock while it takes the table's.
 #[inline(always)]
 fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Box<Scratch>, bool)> {
-    let Shared { cqs, owners, left: lefts, routed, scratches, .. } = s;
+    let Shared { cqs, owners, left: lefts, routed, scratches, polls, .. } = s;
     let q = cqs.get(cq)?.as_ref()?;
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
@@ -377,10 +386,8 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Box<
             false
         }
     };
-    stats::add(&MODULE.stats.completions, scratch.polled.len() as u64);
-    if left {
-        stats::add(&MODULE.stats.budget_hits, 1);
-    }
+    polls.completions += scratch.polled.len() as u64;
+    polls.budget_hits += u64::from(left);
     set_left(lefts, cq, left);
     *routed = routed.checked_add(1).unwrap_or(1);
     let Scratch { polled, routes } = &mut *scratch;

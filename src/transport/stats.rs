@@ -1,7 +1,10 @@
-//! The module's counters, shown by `INFO rdma` (docs/operator-guide.md). Relaxed
-//! atomics, bumped once per event (a completion batch, a read, a write), never per
-//! byte; everything that describes the current state (connections, windows, pinned
-//! memory) is computed when INFO asks, from the live set.
+//! The module's counters, shown by `INFO rdma` (docs/operator-guide.md). What moves
+//! with every request is counted without atomics, under the lock its path holds
+//! already: a connection's [`Traffic`] under the connection's, the shared CQs'
+//! [`Polls`] under their table's; a connection's traffic joins the module's totals when
+//! it closes. The rest are relaxed atomics, bumped once per event, never per byte.
+//! Everything that describes the current state (connections, windows, pinned memory) is
+//! computed when INFO asks, from the live set.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -27,17 +30,43 @@ pub(crate) enum CmEnd {
     Other,
 }
 
+/// One connection's data traffic, counted under its lock.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Traffic {
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
+    /// RDMA_WRITE_WITH_IMM received and posted.
+    pub(crate) writes_in: u64,
+    pub(crate) writes_out: u64,
+}
+
+impl Traffic {
+    pub(crate) fn add(&mut self, t: &Traffic) {
+        self.bytes_in += t.bytes_in;
+        self.bytes_out += t.bytes_out;
+        self.writes_in += t.writes_in;
+        self.writes_out += t.writes_out;
+    }
+}
+
+/// The shared CQs' wake-ups and polls, counted under their table's lock.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Polls {
+    pub(crate) wakeups: u64,
+    pub(crate) completions: u64,
+    pub(crate) budget_hits: u64,
+}
+
 pub(crate) struct Stats {
     pub(crate) accepted: AtomicU64,
     rejected: [AtomicU64; 4],
-    pub(crate) bytes_in: AtomicU64,
-    pub(crate) bytes_out: AtomicU64,
-    pub(crate) writes_in: AtomicU64,
-    pub(crate) writes_out: AtomicU64,
+    /// The traffic of the connections closed so far ([`retire`]).
+    closed: [AtomicU64; 4],
     pub(crate) rx_registrations_sent: AtomicU64,
     pub(crate) rx_registrations_received: AtomicU64,
     pub(crate) keepalives_sent: AtomicU64,
     pub(crate) keepalives_received: AtomicU64,
+    /// Of the connections with a CQ of their own (the shared CQs count their [`Polls`]).
     pub(crate) wakeups: AtomicU64,
     pub(crate) completions: AtomicU64,
     pub(crate) budget_hits: AtomicU64,
@@ -65,10 +94,7 @@ impl Stats {
         Stats {
             accepted: ZERO,
             rejected: [ZERO; 4],
-            bytes_in: ZERO,
-            bytes_out: ZERO,
-            writes_in: ZERO,
-            writes_out: ZERO,
+            closed: [ZERO; 4],
             rx_registrations_sent: ZERO,
             rx_registrations_received: ZERO,
             keepalives_sent: ZERO,
@@ -93,6 +119,23 @@ impl Stats {
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Relaxed);
+}
+
+/// A closing connection's traffic joins the totals. Called on the main thread, as INFO
+/// is: a connection's traffic is counted either among the live or among the closed.
+pub(crate) fn retire(t: Traffic) {
+    let c = &super::MODULE.stats.closed;
+    for (c, n) in c.iter().zip([t.bytes_in, t.bytes_out, t.writes_in, t.writes_out]) {
+        if n > 0 {
+            add(c, n);
+        }
+    }
+}
+
+/// The traffic of the connections closed so far.
+fn closed() -> Traffic {
+    let [bytes_in, bytes_out, writes_in, writes_out] = super::MODULE.stats.closed.each_ref().map(|c| c.load(Relaxed));
+    Traffic { bytes_in, bytes_out, writes_in, writes_out }
 }
 
 pub(crate) fn rejected(why: Rejected) {
@@ -125,6 +168,10 @@ pub(crate) struct Now {
     pub(crate) shared_cqs: u64,
     /// (distinct completion vectors they use, the vectors their device offers).
     pub(crate) vectors: (u64, u64),
+    /// The live connections' traffic, summed.
+    pub(crate) traffic: Traffic,
+    /// The shared CQs' counts.
+    pub(crate) polls: Polls,
 }
 
 /// The fields of `INFO rdma`, in order (names documented in docs/operator-guide.md).
@@ -133,8 +180,10 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
     let get = |c: &AtomicU64| c.load(Relaxed);
     let (wmin, wmax) = now.peer_windows.unwrap_or((0, 0));
     let (rmin, rmax) = now.rx_windows.unwrap_or((0, 0));
-    let wakeups = get(&s.wakeups);
-    let completions = get(&s.completions);
+    let wakeups = get(&s.wakeups) + now.polls.wakeups;
+    let completions = get(&s.completions) + now.polls.completions;
+    let mut traffic = closed();
+    traffic.add(&now.traffic);
     vec![
         Field::Num("listeners", now.listeners.0 as u64),
         Field::Num("listeners_down", now.listeners.1 as u64),
@@ -154,10 +203,10 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("handshakes_in_progress", super::handshakes::in_progress().into()),
         Field::Num("pending_connections", now.pending),
         Field::Num("releasing_connections", get(&s.releasing)),
-        Field::Num("total_net_input_bytes", get(&s.bytes_in)),
-        Field::Num("total_net_output_bytes", get(&s.bytes_out)),
-        Field::Num("total_rdma_writes_in", get(&s.writes_in)),
-        Field::Num("total_rdma_writes_out", get(&s.writes_out)),
+        Field::Num("total_net_input_bytes", traffic.bytes_in),
+        Field::Num("total_net_output_bytes", traffic.bytes_out),
+        Field::Num("total_rdma_writes_in", traffic.writes_in),
+        Field::Num("total_rdma_writes_out", traffic.writes_out),
         Field::Num("rx_registrations_sent", get(&s.rx_registrations_sent)),
         Field::Num("rx_registrations_received", get(&s.rx_registrations_received)),
         Field::Num("rx_window_bytes", now.rx_size),
@@ -171,7 +220,7 @@ pub(crate) fn fields(now: &Now) -> Vec<Field> {
         Field::Num("completion_wakeups", wakeups),
         Field::Num("completions", completions),
         Field::Num("completions_per_wakeup_x100", (completions * 100).checked_div(wakeups).unwrap_or(0)),
-        Field::Num("completion_budget_hits", get(&s.budget_hits)),
+        Field::Num("completion_budget_hits", get(&s.budget_hits) + now.polls.budget_hits),
         Field::Num("shared_completion_queues", now.shared_cqs),
         Field::Num("completion_vectors_used", now.vectors.0),
         Field::Num("completion_vectors_available", now.vectors.1),

@@ -234,11 +234,22 @@ case_info_counters() {  # INFO rdma: each counter moved by a workload of known s
     # a connection that got only small replies: they went inline (docs/protocol.md §4.1), so
     # the server made and registered no TX buffer for it
     rdma_clients_to 0 10 || return 1
+    local traffic=(total_net_input_bytes total_net_output_bytes total_rdma_writes_in total_rdma_writes_out)
+    for f in "${traffic[@]}"; do b[$f]=$(rdma_info "$f"); done
     timeout 30 "$RDMA_CLI" -h "$RDMA_ADDR" -p "$PORT" --then-idle 4 PING > "$WORK/info-small.out" 2>&1 &
     pp=$!
     sleep 2
     expect_eq "pinned_bytes of a connection answered +PONG" "$(rdma_info pinned_bytes)" $((12288 + 65536)) || return 1
-    wait $pp
+    # a live connection's traffic is counted (under its lock) before it closes, and once:
+    # the same after it closed
+    local when
+    for when in live closed; do
+        expect_moved "total_net_input_bytes ($when)" "${b[total_net_input_bytes]}" "$(rdma_info total_net_input_bytes)" 14 || return 1
+        expect_moved "total_net_output_bytes ($when)" "${b[total_net_output_bytes]}" "$(rdma_info total_net_output_bytes)" 7 || return 1
+        expect_moved "total_rdma_writes_in ($when)" "${b[total_rdma_writes_in]}" "$(rdma_info total_rdma_writes_in)" 1 || return 1
+        expect_moved "total_rdma_writes_out ($when)" "${b[total_rdma_writes_out]}" "$(rdma_info total_rdma_writes_out)" 1 || return 1
+        [ $when = closed ] || { wait $pp; rdma_clients_to 0 10 || return 1; }
+    done
     # Keepalives received: a client sends them as fast as it can for 2 s
     b[keepalives_received]=$(rdma_info keepalives_received)
     timeout 30 "$TEST_PEER" "${r[@]}" --hostile keepalive-flood --hold 2 > "$WORK/info-flood.out" 2>&1
