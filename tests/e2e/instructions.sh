@@ -17,7 +17,9 @@
 OUT=${1:-$PWD}
 WARM=${INSTR_WARM:-6} WINDOW=${INSTR_WINDOW:-15}
 SPLIT=$(dirname "$(readlink -f "$0")")/callgrind_split.py
-C_MODULE=$VALKEY_912/src/valkey-rdma.so
+# BENCH_C_MODULE=PATH: another module in the C module's place, as in bench.sh (an older
+# build of ours, to count two builds in one run; its file name must match librdma*.so)
+C_MODULE=${BENCH_C_MODULE:-$VALKEY_912/src/valkey-rdma.so}
 mkdir -p "$OUT/callgrind"
 VG_PREFIX=/dev/shm/valkey-rdma-vgdb   # vgdb maps shared memory: tmpfs (the guest has no writable /tmp)
 
