@@ -60,12 +60,24 @@ pub(crate) trait Transport: Sized + Send + Sync + 'static {
 }
 
 /// Runs `f`; a panic is logged and turned into `default`.
+#[inline(always)]
 pub(crate) fn guard<R>(default: R, f: impl FnOnce() -> R) -> R {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
-        log::error!("RDMA: internal error: {}", msg.unwrap_or_else(|| "panic".into()));
-        default
-    })
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            report_panic(p);
+            default
+        }
+    }
+}
+
+/// Out of line: the log line's formatting would otherwise give every callback that the
+/// server calls per request the stack frame and register saves it needs.
+#[cold]
+#[inline(never)]
+fn report_panic(p: Box<dyn std::any::Any + Send>) {
+    let msg = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+    log::error!("RDMA: internal error: {}", msg.unwrap_or_else(|| "panic".into()));
 }
 
 // ----- fork children ---------------------------------------------------------------
