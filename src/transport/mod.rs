@@ -376,14 +376,15 @@ impl Transport for RdmaConnection {
     /// Shared CQs the budget left completions on are polled again; then each queued
     /// connection runs at most once per call (one queued again by its own handler waits
     /// for the next call).
+    #[inline(always)]
     fn process_pending() -> usize {
-        let mut processed = shared_cqs::poll_left(&mut connection::ToConnections);
-        for _ in 0..pending::len() {
-            let Some(c) = pending::pop() else { break };
-            connection::run_pending(&c);
-            processed += 1;
+        // (called at every turn of the event loop, which usually has nothing pending: the
+        // loop's stack frame only when it runs)
+        if Self::has_pending() {
+            process_pending_now()
+        } else {
+            0
         }
-        processed
     }
     fn postpone(c: &HostedConn, mask: Postpone) {
         connection::postpone(c, mask)
@@ -421,6 +422,18 @@ impl Transport for RdmaConnection {
             polls: shared_cqs::polls(),
         })
     }
+}
+
+/// [`Transport::process_pending`] when something is pending.
+#[inline(never)]
+fn process_pending_now() -> usize {
+    let mut processed = shared_cqs::poll_left(&mut connection::ToConnections);
+    for _ in 0..pending::len() {
+        let Some(c) = pending::pop() else { break };
+        connection::run_pending(&c);
+        processed += 1;
+    }
+    processed
 }
 
 #[cfg(test)]
