@@ -303,12 +303,12 @@ pub(crate) fn poll_left(d: &mut impl Delivery) -> usize {
     polled
 }
 
-/// Shared CQs now (INFO).
-/// The wake-ups and polls counted so far.
+/// The wake-ups and polls counted so far (INFO).
 pub(crate) fn polls() -> stats::Polls {
     MODULE.shared_cqs.lock().polls
 }
 
+/// Shared CQs now (INFO).
 pub(crate) fn count() -> usize {
     MODULE.shared_cqs.lock().cqs.iter().flatten().count()
 }
