@@ -42,10 +42,20 @@ pub(crate) struct Traffic {
 
 impl Traffic {
     pub(crate) fn add(&mut self, t: &Traffic) {
-        self.bytes_in += t.bytes_in;
-        self.bytes_out += t.bytes_out;
-        self.writes_in += t.writes_in;
-        self.writes_out += t.writes_out;
+        let mut sum = self.counts();
+        for (s, n) in sum.iter_mut().zip(t.counts()) {
+            *s += n;
+        }
+        *self = Traffic::from_counts(sum);
+    }
+
+    /// The four counts, in the one order [`Stats::closed`] keeps them in too.
+    fn counts(self) -> [u64; 4] {
+        [self.bytes_in, self.bytes_out, self.writes_in, self.writes_out]
+    }
+
+    fn from_counts([bytes_in, bytes_out, writes_in, writes_out]: [u64; 4]) -> Traffic {
+        Traffic { bytes_in, bytes_out, writes_in, writes_out }
     }
 }
 
@@ -60,7 +70,7 @@ pub(crate) struct Polls {
 pub(crate) struct Stats {
     pub(crate) accepted: AtomicU64,
     rejected: [AtomicU64; 4],
-    /// The traffic of the connections closed so far ([`retire`]).
+    /// The traffic of the connections closed so far ([`retire`]), as [`Traffic::counts`].
     closed: [AtomicU64; 4],
     pub(crate) rx_registrations_sent: AtomicU64,
     pub(crate) rx_registrations_received: AtomicU64,
@@ -124,8 +134,7 @@ pub(crate) fn add(c: &AtomicU64, n: u64) {
 /// A closing connection's traffic joins the totals. Called on the main thread, as INFO
 /// is: a connection's traffic is counted either among the live or among the closed.
 pub(crate) fn retire(t: Traffic) {
-    let c = &super::MODULE.stats.closed;
-    for (c, n) in c.iter().zip([t.bytes_in, t.bytes_out, t.writes_in, t.writes_out]) {
+    for (c, n) in super::MODULE.stats.closed.iter().zip(t.counts()) {
         if n > 0 {
             add(c, n);
         }
@@ -134,8 +143,7 @@ pub(crate) fn retire(t: Traffic) {
 
 /// The traffic of the connections closed so far.
 fn closed() -> Traffic {
-    let [bytes_in, bytes_out, writes_in, writes_out] = super::MODULE.stats.closed.each_ref().map(|c| c.load(Relaxed));
-    Traffic { bytes_in, bytes_out, writes_in, writes_out }
+    Traffic::from_counts(super::MODULE.stats.closed.each_ref().map(|c| c.load(Relaxed)))
 }
 
 pub(crate) fn rejected(why: Rejected) {
