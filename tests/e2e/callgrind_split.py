@@ -4,8 +4,15 @@
 Prints one JSON object: the requests in the dump (calls of processCommand, one per
 command the server ran), the instructions (Ir) each group of objects spent (self cost,
 not inclusive: every instruction counts once), the part of libc's that its block copies
-spent ("copies"), and the top functions of the RDMA module (8, or SPLIT_TOP). Used by
+spent ("copies"), the top functions of the RDMA module (8, or SPLIT_TOP), and the
+completion events the server took (calls of `ibv_get_cq_event`, "cq_events"). Used by
 tests/e2e/instructions.sh.
+
+Why completion events: each is a kernel entry that stays on a real NIC, where doorbells
+and polling are user-space stores and loads: the NIC raises an interrupt for an armed
+completion queue, the kernel wakes the event loop, and `ibv_get_cq_event` reads the
+completion channel's fd. Callgrind does not count the kernel's instructions, so the
+events are counted instead.
 
 Why copies apart: callgrind counts each step of a `rep movsb` as an instruction, and
 glibc's memcpy takes `rep movsb` above a size threshold, so a copy costs about one
@@ -48,6 +55,10 @@ def walk(path, on_call=lambda callee, count: None):
     ob = fn = cfn = ""
     skip_next_cost = False
     last = 0
+    # A cost line is its positions (one column per name in `positions:`, "line" unless
+    # said) and then one value per event in `events:` order, trailing zeros left out
+    # (--dump-instr=yes adds a position, --collect-systime=yes adds events after Ir).
+    positions, ir_at = 1, 0
 
     def name(kind, value):
         # "(12) name" defines id 12, "(12)" refers to it, a plain name has no id
@@ -71,8 +82,14 @@ def walk(path, on_call=lambda callee, count: None):
                 last = last if p == "*" else last + int(p, 0) if p[0] in "+-" else int(p, 0)
                 if skip_next_cost:
                     skip_next_cost = False
-                elif len(parts) > 1:
-                    yield ob, fn, last, int(parts[-1])  # (the last column: also with --dump-instr=yes)
+                elif len(parts) > positions + ir_at:
+                    yield ob, fn, last, int(parts[positions + ir_at])
+                continue
+            if line.startswith("positions:"):
+                positions = len(line.split()) - 1
+                continue
+            if line.startswith("events:"):
+                ir_at = line.split()[1:].index("Ir")
                 continue
             key, _, value = line.partition("=")
             if key in ("ob", "cob"):
@@ -94,12 +111,15 @@ def split(path):
     by_group = defaultdict(int)
     module_fns = defaultdict(int)
     requests = 0
+    cq_events = 0
     copies = 0
 
     def count_requests(callee, count):
-        nonlocal requests
+        nonlocal requests, cq_events
         if callee == "processCommand":
             requests += count
+        elif callee == "ibv_get_cq_event":
+            cq_events += count
 
     for ob, fn, _, ir in walk(path, count_requests):
         group = group_of(ob)
@@ -109,7 +129,7 @@ def split(path):
         elif group == "libc" and COPIES.match(fn):
             copies += ir
     top = sorted(module_fns.items(), key=lambda kv: -kv[1])[: int(os.environ.get("SPLIT_TOP", "8"))]
-    return {"requests": requests, "ir": dict(by_group), "copies": copies, "module_top": top}
+    return {"requests": requests, "ir": dict(by_group), "copies": copies, "module_top": top, "cq_events": cq_events}
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
 # (callgrind_split.py): the module, rdma-core (libibverbs, librdmacm, the provider),
 # libc, valkey-server itself, the rest; divided by the commands the server ran in the
 # window (its calls of processCommand, counted by callgrind too). The kernel's part
-# (system calls, the rxe transport) is not counted: on a NIC it mostly goes away. Nor is
+# (system calls, the rxe transport) is not counted: on a NIC most of it goes away, but
+# not the completion events (an interrupt and a read of the channel's fd each), which
+# the table counts per request (calls of ibv_get_cq_event). Nor is
 # the work of timers (per second, not per request; see measure_impl). libc's block
 # copies get a column of their own: callgrind counts a `rep movsb` per byte, so a copy
 # cut into pieces of other sizes reads as thousands of instructions more or less per
@@ -117,8 +119,8 @@ print("Instructions per request in valkey-server 9.1.2 (user space, callgrind): 
 def copies(split):  # libc's block copies (memcpy, memmove): counted by callgrind per byte above a size
     return split.get("copies", 0) / max(split["requests"], 1)
 WHOLE = ("module", "rdma-core", "valkey-server", "libc", "other")
-print("| workload | requests C / ours | module | module + rdma-core | rdma-core | valkey-server | libc | of which copies | whole process | whole process less copies |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| workload | requests C / ours | module | module + rdma-core | rdma-core | valkey-server | libc | of which copies | whole process | whole process less copies | completion events |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for w in workloads:
     c, o = by.get(("c", w)), by.get(("ours", w))
     if not c or not o:
@@ -129,6 +131,9 @@ for w in workloads:
             (copies(c), copies(o)), (per(c, *WHOLE), per(o, *WHOLE)),
             (per(c, *WHOLE) - copies(c), per(o, *WHOLE) - copies(o))]:
         cells.append(f"{a:,.0f} / {b:,.0f} ({b / a:.2f})" if a else f"{a:,.0f} / {b:,.0f}")
+    # (per request, two decimals: a kernel entry and, on a NIC, an interrupt each; see callgrind_split.py)
+    ev = [s.get("cq_events", 0) / max(s["requests"], 1) for s in (c, o)]
+    cells.append(f"{ev[0]:.2f} / {ev[1]:.2f}")
     print(f"| {w} | {c['requests']:,} / {o['requests']:,} | " + " | ".join(cells) + " |")
 print("\nOur module's top functions (self instructions per request):\n")
 for w in workloads:
