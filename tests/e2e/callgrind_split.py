@@ -45,20 +45,25 @@ def group_of(obj):
     return "other"
 
 
-def walk(path, on_call=lambda callee, count: None):
-    """The self costs of a callgrind dump: yields (object, function, position, Ir) for each
-    cost line, in order. The position is the line's first column (the instruction's
-    address with --dump-instr=yes, else its source line), resolved where the dump writes it
-    relative to the one before. A call's inclusive cost is not yielded (it is counted in
-    the callee); `on_call(callee, count)` sees each call record instead."""
+def walk(path, on_call=lambda callee, count: None, event="Ir", on_call_cost=None):
+    """The self costs of a callgrind dump: yields (object, function, position, cost) for
+    each cost line, in order; the cost is `event`'s (instructions unless asked). The
+    position is the line's first column (the instruction's address with
+    --dump-instr=yes, else its source line), resolved where the dump writes it relative
+    to the one before. A call's inclusive cost is not yielded (it is counted in the
+    callee); `on_call(callee, count)` sees each call record instead, and
+    `on_call_cost(caller, callee, cost)`, if given, its inclusive cost of `event`."""
     names = {"ob": {}, "fn": {}}
     ob = fn = cfn = ""
-    skip_next_cost = False
+    in_call = False
     last = 0
     # A cost line is its positions (one column per name in `positions:`, "line" unless
     # said) and then one value per event in `events:` order, trailing zeros left out
     # (--dump-instr=yes adds a position, --collect-systime=yes adds events after Ir).
-    positions, ir_at = 1, 0
+    positions, at = 1, 0
+
+    def cost(parts):
+        return int(parts[positions + at]) if len(parts) > positions + at else 0
 
     def name(kind, value):
         # "(12) name" defines id 12, "(12)" refers to it, a plain name has no id
@@ -80,16 +85,18 @@ def walk(path, on_call=lambda callee, count: None):
                 parts = line.split()
                 p = parts[0]
                 last = last if p == "*" else last + int(p, 0) if p[0] in "+-" else int(p, 0)
-                if skip_next_cost:
-                    skip_next_cost = False
-                elif len(parts) > positions + ir_at:
-                    yield ob, fn, last, int(parts[positions + ir_at])
+                if in_call:
+                    in_call = False
+                    if on_call_cost:
+                        on_call_cost(fn, cfn, cost(parts))
+                elif len(parts) > positions + at:
+                    yield ob, fn, last, cost(parts)
                 continue
             if line.startswith("positions:"):
                 positions = len(line.split()) - 1
                 continue
             if line.startswith("events:"):
-                ir_at = line.split()[1:].index("Ir")
+                at = line.split()[1:].index(event)
                 continue
             key, _, value = line.partition("=")
             if key in ("ob", "cob"):
@@ -103,7 +110,7 @@ def walk(path, on_call=lambda callee, count: None):
                 else:
                     cfn = value
             elif key == "calls":
-                skip_next_cost = True
+                in_call = True
                 on_call(cfn, int(value.split()[0]))
 
 

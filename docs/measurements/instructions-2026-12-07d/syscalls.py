@@ -7,9 +7,12 @@ Each call record's inclusive sysCount is what its callee did in the kernel on be
 that caller; the callers of libc's system-call wrappers are listed with what each call
 means for a real NIC. Requests: calls of processCommand, as in callgrind_split.py.
 """
-import re
+import os
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../tests/e2e"))
+from callgrind_split import walk  # noqa: E402
 
 # (caller, callee): what it is, and whether a real NIC keeps it
 KINDS = [
@@ -23,44 +26,20 @@ KINDS = [
 
 
 def calls(path):
-    names = {"ob": {}, "fn": {}}
-
-    def name(kind, value):
-        m = re.match(r"\((\d+)\)(?:\s+(.*))?$", value)
-        if not m:
-            return value
-        if m.group(2) is not None:
-            names[kind][m.group(1)] = m.group(2)
-        return names[kind].get(m.group(1), "?")
-
-    fn = cfn = ""
-    events, positions, in_call, requests = [], 1, False, 0
+    """(requests, {(caller, callee): system calls under that call})"""
+    requests = 0
     by_caller = defaultdict(int)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            if line.startswith("events:"):
-                events = line.split()[1:]
-            elif line.startswith("positions:"):
-                positions = len(line.split()) - 1
-            elif line[0].isdigit() or line[0] in "+-*":
-                if in_call:
-                    in_call = False
-                    values = dict(zip(events, map(int, line.split()[positions:])))
-                    if values.get("sysCount"):
-                        by_caller[(fn, cfn)] += values["sysCount"]
-            else:
-                key, _, value = line.partition("=")
-                if key == "fn":
-                    fn = name("fn", value)
-                elif key == "cfn":
-                    cfn = name("fn", value)
-                elif key == "calls":
-                    in_call = True
-                    if cfn == "processCommand":
-                        requests += int(value.split()[0])
+
+    def count_requests(callee, count):
+        nonlocal requests
+        if callee == "processCommand":
+            requests += count
+
+    def count_syscalls(caller, callee, n):
+        by_caller[(caller, callee)] += n
+
+    for _ in walk(path, count_requests, event="sysCount", on_call_cost=count_syscalls):
+        pass
     return requests, by_caller
 
 
