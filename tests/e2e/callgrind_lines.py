@@ -15,23 +15,17 @@ import subprocess
 import sys
 from collections import defaultdict
 
-from callgrind_split import walk
+from callgrind_split import Requests, walk
 
 
 def costs(path, want=""):
     """(requests, {address: Ir}) of the module's instructions in functions matching `want`."""
-    requests = 0
+    requests = Requests()
     by_addr = defaultdict(int)
-
-    def count_requests(callee, count):
-        nonlocal requests
-        if callee == "processCommand":
-            requests += count
-
-    for ob, fn, addr, ir in walk(path, count_requests):
+    for ob, fn, addr, ir in walk(path, requests):
         if "librdma" in ob and want in fn:
             by_addr[addr] += ir
-    return requests, by_addr
+    return requests.n, by_addr
 
 
 def per_instruction(path):

@@ -45,6 +45,17 @@ def group_of(obj):
     return "other"
 
 
+class Requests:
+    """An `on_call` for `walk`: the commands the server ran (calls of processCommand)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, callee, count):
+        if callee == "processCommand":
+            self.n += count
+
+
 def walk(path, on_call=lambda callee, count: None, event="Ir", on_call_cost=None):
     """The self costs of a callgrind dump: yields (object, function, position, cost) for
     each cost line, in order; the cost is `event`'s (instructions unless asked). The

@@ -12,7 +12,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../tests/e2e"))
-from callgrind_split import walk  # noqa: E402
+from callgrind_split import Requests, walk  # noqa: E402
 
 # (caller, callee): what it is, and whether a real NIC keeps it
 KINDS = [
@@ -27,20 +27,15 @@ KINDS = [
 
 def calls(path):
     """(requests, {(caller, callee): system calls under that call})"""
-    requests = 0
+    requests = Requests()
     by_caller = defaultdict(int)
-
-    def count_requests(callee, count):
-        nonlocal requests
-        if callee == "processCommand":
-            requests += count
 
     def count_syscalls(caller, callee, n):
         by_caller[(caller, callee)] += n
 
-    for _ in walk(path, count_requests, event="sysCount", on_call_cost=count_syscalls):
+    for _ in walk(path, requests, event="sysCount", on_call_cost=count_syscalls):
         pass
-    return requests, by_caller
+    return requests.n, by_caller
 
 
 for path in sys.argv[1:]:
