@@ -46,14 +46,18 @@ def group_of(obj):
 
 
 class Requests:
-    """An `on_call` for `walk`: the commands the server ran (calls of processCommand)."""
+    """An `on_call` for `walk`: the commands the server ran (calls of processCommand), and
+    the completion events it took (calls of `ibv_get_cq_event`)."""
 
     def __init__(self):
         self.n = 0
+        self.cq_events = 0
 
     def __call__(self, callee, count):
         if callee == "processCommand":
             self.n += count
+        elif callee == "ibv_get_cq_event":
+            self.cq_events += count
 
 
 def walk(path, on_call=lambda callee, count: None, event="Ir", on_call_cost=None):
@@ -128,18 +132,9 @@ def walk(path, on_call=lambda callee, count: None, event="Ir", on_call_cost=None
 def split(path):
     by_group = defaultdict(int)
     module_fns = defaultdict(int)
-    requests = 0
-    cq_events = 0
+    requests = Requests()
     copies = 0
-
-    def count_requests(callee, count):
-        nonlocal requests, cq_events
-        if callee == "processCommand":
-            requests += count
-        elif callee == "ibv_get_cq_event":
-            cq_events += count
-
-    for ob, fn, _, ir in walk(path, count_requests):
+    for ob, fn, _, ir in walk(path, requests):
         group = group_of(ob)
         by_group[group] += ir
         if group == "module":
@@ -147,7 +142,8 @@ def split(path):
         elif group == "libc" and COPIES.match(fn):
             copies += ir
     top = sorted(module_fns.items(), key=lambda kv: -kv[1])[: int(os.environ.get("SPLIT_TOP", "8"))]
-    return {"requests": requests, "ir": dict(by_group), "copies": copies, "module_top": top, "cq_events": cq_events}
+    return {"requests": requests.n, "ir": dict(by_group), "copies": copies, "module_top": top,
+            "cq_events": requests.cq_events}
 
 
 if __name__ == "__main__":
