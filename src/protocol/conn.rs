@@ -434,6 +434,32 @@ impl Conn {
         self.control.push_back(self.session.register_rx());
     }
 
+    /// [`read`](Self::read)'s usual case, decided in one test: an established
+    /// connection whose unread bytes do not finish the RX buffer, with no RX growth under
+    /// way and no control message queued. Then a read only moves the window, and the
+    /// driver need not ask about hand-backs, swaps or growth after the copy. `None`:
+    /// anything else (the driver then calls [`read`](Self::read), which handles every
+    /// case, this one included).
+    #[inline(always)]
+    pub fn read_plain(&mut self, max: usize) -> Option<Range<usize>> {
+        if !matches!(self.state, State::Established)
+            || !matches!(self.rx_growth, RxGrowth::None)
+            || self.rx_swap_due
+            || !self.control.is_empty()
+        {
+            return None;
+        }
+        let r = self.session.rx.readable();
+        let n = r.len().min(max);
+        // (the read that finishes the buffer hands it back: `read`'s case)
+        if n == 0 || r.start + n == self.session.rx.len() as usize {
+            return None;
+        }
+        self.session.rx.consume(n);
+        self.bytes_read += n as u64;
+        Some(r.start..r.start + n)
+    }
+
     /// `read` (main thread or IO thread): up to `max` unread bytes, as the range of the
     /// RX buffer to copy; they count as consumed at once. See
     /// [`consume`](Self::consume) for the ordering with [`poll_control`](Self::poll_control).
@@ -465,24 +491,34 @@ impl Conn {
     /// control messages (docs/protocol.md §4.5). The bytes count as written once
     /// granted; if posting then fails, report it with [`on_local_error`](Self::on_local_error).
     pub fn write(&mut self, len: usize, sq_room: bool) -> Result<WriteGrant, WriteError> {
+        if matches!(self.state, State::Established) && len > 0 && sq_room {
+            if let Some((offset, n)) = self.session.tx.reserve(len) {
+                self.bytes_written += u64::from(n);
+                return Ok(WriteGrant {
+                    offset,
+                    len: n,
+                    remote_addr: self.session.tx.remote_addr,
+                    rkey: self.session.tx.rkey,
+                });
+            }
+        }
+        Err(self.why_not_written(len, sq_room))
+    }
+
+    /// Why [`write`](Self::write) granted nothing (out of line: the usual write is
+    /// granted, and its caller need not carry this match).
+    #[cold]
+    #[inline(never)]
+    fn why_not_written(&self, len: usize, sq_room: bool) -> WriteError {
         match &self.state {
-            State::Closed => return Err(WriteError::Closed),
-            State::Failed(f) => return Err(WriteError::Failed(f.clone())),
-            State::PeerClosed => return Err(WriteError::PeerClosed),
-            State::Accepting => return Err(WriteError::WouldBlock(Blocked::NotEstablished)),
-            State::Established => {}
+            State::Closed => WriteError::Closed,
+            State::Failed(f) => WriteError::Failed(f.clone()),
+            State::PeerClosed => WriteError::PeerClosed,
+            State::Accepting => WriteError::WouldBlock(Blocked::NotEstablished),
+            State::Established if len == 0 => WriteError::WouldBlock(Blocked::Empty),
+            State::Established if !sq_room => WriteError::WouldBlock(Blocked::SendQueueFull),
+            State::Established => WriteError::WouldBlock(Blocked::WindowExhausted),
         }
-        if len == 0 {
-            return Err(WriteError::WouldBlock(Blocked::Empty));
-        }
-        if !sq_room {
-            return Err(WriteError::WouldBlock(Blocked::SendQueueFull));
-        }
-        let Some((offset, n)) = self.session.tx.reserve(len) else {
-            return Err(WriteError::WouldBlock(Blocked::WindowExhausted));
-        };
-        self.bytes_written += u64::from(n);
-        Ok(WriteGrant { offset, len: n, remote_addr: self.session.tx.remote_addr, rkey: self.session.tx.rkey })
     }
 
     // ----- control messages --------------------------------------------------------
@@ -827,6 +863,136 @@ mod tests {
     /// the cap, which is less than a second full step.
     const STEP1: u32 = 100 * super::super::RX_GROWTH_FACTOR;
     const CAP: u32 = 2 * STEP1 + 100;
+
+    /// Every state reached from an established server (an RX cap that lets it grow, or
+    /// none) by up to `depth` inputs of the read side: data in, reads, control messages
+    /// queued and posted, RX growth asked, prepared, failed and swapped, the peer leaving,
+    /// a close.
+    fn read_side_states(depth: usize) -> Vec<Conn> {
+        let ops: [fn(&mut Conn); 14] = [
+            |c| {
+                let _ = c.on_data(1);
+            },
+            |c| {
+                let _ = c.on_data(30);
+            },
+            |c| {
+                let _ = c.on_data(49);
+            },
+            |c| {
+                let _ = c.read(1);
+            },
+            |c| {
+                let _ = c.read(40);
+            },
+            |c| {
+                let _ = c.read(100);
+            },
+            |c| c.send_control(ControlMessage::Keepalive),
+            |c| {
+                let _ = c.poll_control();
+            },
+            |c| {
+                let _ = c.take_rx_growth_wanted();
+            },
+            |c| c.rx_growth_ready(Some(RxBuffer { addr: 0x5000, len: STEP1, key: 8 })),
+            |c| c.rx_growth_ready(None),
+            |c| {
+                let _ = c.take_rx_swap();
+            },
+            |c| {
+                let _ = c.on_disconnected();
+            },
+            |c| {
+                let _ = c.close();
+            },
+        ];
+        let mut capped = established_server();
+        capped.set_rx_cap(CAP);
+        let mut level = vec![established_server(), capped];
+        let mut all = level.clone();
+        for _ in 0..depth {
+            level = level
+                .iter()
+                .flat_map(|c| {
+                    ops.iter().map(move |op| {
+                        let mut c = c.clone();
+                        op(&mut c);
+                        c
+                    })
+                })
+                .collect();
+            all.extend(level.iter().cloned());
+        }
+        all
+    }
+
+    #[test]
+    fn a_plain_read_does_what_read_does_and_is_declined_wherever_read_has_more_to_do() {
+        let (mut plain, mut declined) = (0, 0);
+        for c in read_side_states(4) {
+            for max in [0, 1, 3, 30, 100] {
+                let (mut fast, mut full) = (c.clone(), c.clone());
+                match fast.read_plain(max) {
+                    Some(range) => {
+                        plain += 1;
+                        assert_eq!(full.read(max), Ok(range), "{c:?}");
+                        assert!(
+                            !full.has_control() && !full.take_rx_swap() && full.take_rx_growth_wanted().is_none(),
+                            "read had more to do than the copy: {c:?}"
+                        );
+                        assert_eq!(format!("{fast:?}"), format!("{full:?}"), "the same state after");
+                    }
+                    None => {
+                        declined += 1;
+                        assert_eq!(format!("{fast:?}"), format!("{c:?}"), "a declined read changes nothing");
+                    }
+                }
+            }
+        }
+        // (both outcomes are reached often, so the comparison above is not vacuous)
+        assert!(plain > 10_000 && declined > 10_000, "plain {plain}, declined {declined}");
+    }
+
+    #[test]
+    fn a_refused_write_says_why_in_the_order_of_the_checks() {
+        let why = |c: &Conn, len: usize, sq_room: bool| match &c.state {
+            State::Closed => WriteError::Closed,
+            State::Failed(f) => WriteError::Failed(f.clone()),
+            State::PeerClosed => WriteError::PeerClosed,
+            State::Accepting => WriteError::WouldBlock(Blocked::NotEstablished),
+            State::Established if len == 0 => WriteError::WouldBlock(Blocked::Empty),
+            State::Established if !sq_room => WriteError::WouldBlock(Blocked::SendQueueFull),
+            State::Established => WriteError::WouldBlock(Blocked::WindowExhausted),
+        };
+        let accepting = Conn::new(Role::Server, rx());
+        let open = established_server();
+        let mut exhausted = established_server();
+        exhausted.write(50, true).unwrap();
+        let mut peer_closed = established_server();
+        peer_closed.on_disconnected();
+        let mut failed = established_server();
+        let _ = failed.on_data(1000);
+        let mut closed = established_server();
+        closed.close();
+        let mut granted = 0;
+        for c in [accepting, open, exhausted, peer_closed, failed, closed] {
+            for len in [0, 1, 60] {
+                for sq_room in [false, true] {
+                    let mut w = c.clone();
+                    match w.write(len, sq_room) {
+                        Ok(g) => {
+                            granted += 1;
+                            assert!(matches!(c.state, State::Established) && len > 0 && sq_room);
+                            assert_eq!((g.offset, g.len), (0, len.min(50) as u32));
+                        }
+                        Err(e) => assert_eq!(e, why(&c, len, sq_room), "{:?}, len {len}, sq_room {sq_room}", c.state),
+                    }
+                }
+            }
+        }
+        assert_eq!(granted, 2, "the open window grants both non-empty writes with room");
+    }
 
     #[test]
     fn the_rx_buffer_grows_at_the_hand_back_after_the_prepared_one_is_ready() {

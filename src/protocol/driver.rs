@@ -194,7 +194,21 @@ impl<N: Nic> Driver<N> {
     /// old one's bytes are out now); a wanted growth starts; and only then the
     /// RegisterXferMemory goes, since the peer writes over the buffer once it has it.
     /// The second value: a failure the flush caused.
+    #[inline]
     pub fn read(&mut self, buf: &mut [u8]) -> (Result<usize, ReadError>, Option<Failure>) {
+        // The usual read: the core says nothing is due but the copy (with no RX growth
+        // under way, the NIC has no prepared buffer to offer either).
+        if let Some(range) = self.core.read_plain(buf.len()) {
+            let n = range.len();
+            self.nic.copy_rx(range, buf);
+            return (Ok(n), None);
+        }
+        self.read_any(buf)
+    }
+
+    /// [`read`](Self::read) in every case.
+    #[inline(never)]
+    fn read_any(&mut self, buf: &mut [u8]) -> (Result<usize, ReadError>, Option<Failure>) {
         if let Some(prepared) = self.nic.rx_prepared() {
             self.core.rx_growth_ready(prepared);
         }
