@@ -26,9 +26,11 @@ mkdir -p "$OUT/callgrind"
 VG_PREFIX=/dev/shm/valkey-rdma-vgdb   # vgdb maps shared memory: tmpfs (the guest has no writable /tmp)
 
 # WORKLOADS: name and valkey-benchmark arguments; GETs read keys a SET filled first: 64 B
-# at 4 and 32 connections, with and without a pipeline; 4 KiB; and a
+# at 1 connection (one wake-up per request for both modules), 4 and 32 connections, with and without a pipeline; 4 KiB; and a
 # reply of several blocks (64 KiB: the server's reply list, written with writev)
 WORKLOADS=(
+    "get-64B-c1-P1|-c 1 -P 1 -d 64 -t get"
+    "set-64B-c1-P1|-c 1 -P 1 -d 64 -t set"
     "get-64B-c4-P1|-c 4 -P 1 -d 64 -t get"
     "set-64B-c4-P1|-c 4 -P 1 -d 64 -t set"
     "get-64B-c4-P16|-c 4 -P 16 -d 64 -t get"
