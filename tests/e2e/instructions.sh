@@ -26,8 +26,9 @@ mkdir -p "$OUT/callgrind"
 VG_PREFIX=/dev/shm/valkey-rdma-vgdb   # vgdb maps shared memory: tmpfs (the guest has no writable /tmp)
 
 # WORKLOADS: name and valkey-benchmark arguments; GETs read keys a SET filled first: 64 B
-# at 1 connection (one wake-up per request for both modules), 4 and 32 connections, with and without a pipeline; 4 KiB; and a
-# reply of several blocks (64 KiB: the server's reply list, written with writev)
+# at 1 connection (a wake-up per request for both modules), 4 and 32 connections, with and
+# without a pipeline; 4 KiB; and a reply of several blocks (64 KiB: the server's reply
+# list, written with writev)
 WORKLOADS=(
     "get-64B-c1-P1|-c 1 -P 1 -d 64 -t get"
     "set-64B-c1-P1|-c 1 -P 1 -d 64 -t set"
