@@ -86,6 +86,9 @@ pub struct Conn {
     depth: u32,
     freed: bool,
     run: Option<Run>,
+    /// Runs begun (wrapping): a plain read call learns from it whether a run nested in
+    /// its handler replaced its own ([`plain_read_returned`](Conn::plain_read_returned)).
+    runs: u32,
 }
 
 impl Conn {
@@ -112,6 +115,7 @@ impl Conn {
             depth: 0,
             freed: false,
             run: None,
+            runs: 0,
         }
     }
 
@@ -684,6 +688,64 @@ mod tests {
         c.take_state_change();
         assert!(c.on_work_request_failed(5, 0).is_err());
         assert!(c.take_state_change(), "a failed work request fails it");
+    }
+
+    /// The usual run decided in one test (`plain_read_call`) ends as the run begun would,
+    /// whatever the read handler does; `plain_read_returned` also checks itself against
+    /// that run in the tests. The nested run is the one case the simulator does not make.
+    #[test]
+    fn a_plain_read_run_ends_as_the_run_it_stands_for() {
+        type Change = fn(&mut Conn);
+        let done = Ok(Step::Done { pending: false });
+        let cases: [(&str, Change, Result<Step, AfterHandler>); 6] = [
+            ("reads everything", |c| assert_eq!(c.read(100), Ok(0..10)), done),
+            ("reads part", |c| assert_eq!(c.read(4), Ok(0..4)), Ok(Step::Call(Handler::Read))),
+            ("reads nothing", |_| {}, done),
+            (
+                "installs a write handler",
+                |c| {
+                    c.read(100).unwrap();
+                    c.set_write_handler(true, false);
+                },
+                Ok(Step::Call(Handler::Write)),
+            ),
+            (
+                "closes",
+                |c| {
+                    c.close();
+                },
+                Err(AfterHandler::FreeNow),
+            ),
+            (
+                "runs a nested run that leaves bytes unread",
+                |c| {
+                    c.read(100).unwrap();
+                    c.on_data(5).unwrap();
+                    assert_eq!(run(c, true, |_, _| {}), (vec![Handler::Read], false));
+                },
+                done,
+            ),
+        ];
+        for (what, handler, want) in cases {
+            let mut c = established_server();
+            c.on_data(10).unwrap();
+            let call = c.plain_read_call().expect("a plain read call");
+            handler(&mut c);
+            let got = c.plain_read_returned(call).map(|step| step.unwrap_or_else(|| c.next_step(|| true)));
+            assert_eq!(got, want, "the handler {what}");
+        }
+        let not_plain: [(&str, Change); 4] = [
+            ("nothing unread", |c| assert_eq!(c.read(100), Ok(0..10))),
+            ("a write barrier", |c| c.set_write_handler(true, true)),
+            ("the read handler postponed", |c| c.postpone(Postpone::from_mask(1))),
+            ("the peer gone", |c| assert!(c.on_disconnected())),
+        ];
+        for (what, change) in not_plain {
+            let mut c = established_server();
+            c.on_data(10).unwrap();
+            change(&mut c);
+            assert_eq!(c.plain_read_call(), None, "{what}");
+        }
     }
 
     #[test]

@@ -323,10 +323,25 @@ pub fn run<H: Host>(host: &mut H) -> RunEnd {
         let nic = &d.nic;
         d.core.next_step(|| nic.sq_room())
     };
-    let mut step = host.with_driver(|d| {
-        d.core.begin_run();
-        next(d)
+    // The usual run, a read call decided in one test, else the run begun.
+    let first = host.with_driver(|d| match d.core.plain_read_call() {
+        Some(call) => Err(call),
+        None => {
+            d.core.begin_run();
+            Ok(next(d))
+        }
     });
+    let mut step = match first {
+        Ok(step) => step,
+        Err(call) => {
+            host.call(Handler::Read);
+            match host.with_driver(|d| d.core.plain_read_returned(call).map(|step| step.unwrap_or_else(|| next(d)))) {
+                Ok(step) => step,
+                Err(AfterHandler::FreeNow) => return RunEnd::FreeNow,
+                Err(_) => return RunEnd::ClosedInside,
+            }
+        }
+    };
     loop {
         match step {
             Step::Done { pending } => return RunEnd::Done { pending },

@@ -25,8 +25,8 @@ use super::MODULE;
 use super::{log_limited, HostedConn, RdmaConnection};
 use crate::server::api::FdWatch;
 use crate::verbs::{
-    CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, QueueDepths, SharedCq, VerbsError, WorkCompletion,
-    MAX_SHARED_CQES,
+    CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, FirstPoll, FirstPolled, QueueDepths, SharedCq,
+    VerbsError, WorkCompletion, MAX_SHARED_CQES,
 };
 
 /// Completions taken from one CQ per wake-up.
@@ -246,8 +246,8 @@ pub(crate) fn on_fd(channel: usize, d: &mut impl Delivery) {
             }
             (named.and_then(|i| poll_routed(&mut s, i, d)), one_cq)
         };
-        if let Some((scratch, _)) = routed {
-            finish(scratch, Then::RunHandlers, d);
+        if let Some((visited, _)) = routed {
+            finish(visited, Then::RunHandlers, d);
         }
         if one_cq {
             return;
@@ -353,16 +353,32 @@ pub(crate) fn vectors() -> (u64, u64) {
 /// arrival order, one lock per run of a connection's completions; then each of those
 /// connections runs (or is queued). Returns whether completions were left.
 fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
-    let Some((scratch, left)) = poll_routed(&mut MODULE.shared_cqs.lock(), cq, d) else { return false };
-    finish(scratch, then, d);
+    let Some((visited, left)) = poll_routed(&mut MODULE.shared_cqs.lock(), cq, d) else { return false };
+    finish(visited, then, d);
     left
 }
 
-/// Under the table's hold: polls CQ `cq` (within the budget) into a scratch, and hands
-/// each run of one QP's completions to its owner's core as it is routed
+/// The connections a poll delivered completions to, whose handlers run once the
+/// table's hold is released ([`finish`]).
+enum Visited {
+    /// None: the poll found nothing, or only completions of closed connections.
+    Nobody,
+    /// One, which every completion of the poll was for: the usual wake-up at one busy
+    /// connection, routed without a scratch.
+    One(Arc<HostedConn>),
+    /// Several, in the order their handlers run ([`Routes::in_handler_order`]).
+    Many(Box<Scratch>),
+}
+
+/// Under the table's hold: polls CQ `cq` (within the budget), and hands each run of
+/// one QP's completions to its owner's core as it is routed
 /// ([`Delivery::completions`]). `None`: no such CQ (its device was removed). Returns
-/// the scratch, whose visits [`finish`] takes once the hold is released, and
-/// whether completions were left.
+/// the connections visited, whose handlers [`finish`] runs once the hold is released,
+/// and whether completions were left.
+///
+/// The first completions are taken onto the stack ([`SharedCq::poll_first`]); when
+/// that empties the CQ and they are all one QP's, they go to its owner without the
+/// scratch, the poll's serial or the visits (docs/protocol.md §4.6).
 ///
 /// Every completion reaches its core before any handler runs: a handler may process
 /// events while it blocks (a long script), and a poll nested there must find nothing
@@ -372,13 +388,25 @@ fn poll(cq: usize, then: Then, d: &mut impl Delivery) -> bool {
 /// Locks: the table, then a connection's (its core takes the completions); nothing
 /// holds a connection's lock while it takes the table's.
 #[inline(always)]
-fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Box<Scratch>, bool)> {
+fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visited, bool)> {
     let Shared { cqs, owners, left: lefts, routed, scratches, polls, .. } = s;
     let q = cqs.get(cq)?.as_ref()?;
+    let mut first = FirstPoll::new();
+    let polled = q.poll_first(&mut first);
+    if let Ok(FirstPolled::All) = polled {
+        let wcs = first.as_slice();
+        if let Some(qp) = one_qp(wcs) {
+            polls.completions += wcs.len() as u64;
+            set_left(lefts, cq, false);
+            let Some(o) = qp.and_then(|qp| owners[cq].get_mut(qp)) else { return Some((Visited::Nobody, false)) };
+            d.completions(&o.conn, wcs);
+            return Some((Visited::One(Arc::clone(&o.conn)), false));
+        }
+    }
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut scratch = Scratch::take(scratches);
-    let left = match q.poll(budget, &mut scratch.polled) {
+    let left = match polled.and_then(|_| q.poll_rest(&first, budget, &mut scratch.polled)) {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.
@@ -392,14 +420,33 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Box<
     *routed = routed.checked_add(1).unwrap_or(1);
     let Scratch { polled, routes } = &mut *scratch;
     routes.route(&mut owners[cq], *routed, polled, Arc::clone, |c, wcs| d.completions(c, wcs));
-    Some((scratch, left))
+    Some((Visited::Many(scratch), left))
+}
+
+/// `Some(None)`: no completion; `Some(Some(qp))`: all are QP `qp`'s; `None`: several
+/// QPs'.
+#[inline(always)]
+fn one_qp(wcs: &[WorkCompletion]) -> Option<Option<u32>> {
+    let Some(first) = wcs.first() else { return Some(None) };
+    let qp = first.qp_num();
+    wcs[1..].iter().all(|wc| wc.qp_num() == qp).then_some(Some(qp))
 }
 
 /// After the table's hold: the handlers of the connections that got completions (or
-/// the pending list); the scratch is emptied (its connections let go here, outside the
+/// the pending list); a scratch is emptied (its connections let go here, outside the
 /// hold: the last one may be freed) and kept for the next poll.
 #[inline(always)]
-fn finish(scratch: Box<Scratch>, then: Then, d: &mut impl Delivery) {
+fn finish(visited: Visited, then: Then, d: &mut impl Delivery) {
+    let scratch = match visited {
+        Visited::Nobody => return,
+        Visited::One(c) => {
+            return match then {
+                Then::RunHandlers => d.run(&c),
+                Then::Queue => d.queue(&c),
+            };
+        }
+        Visited::Many(scratch) => scratch,
+    };
     scratch.run_handlers(then, d);
     let scratch = scratch.emptied();
     MODULE.shared_cqs.lock().scratches.push(scratch);

@@ -332,7 +332,52 @@ impl SharedCq {
             let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
             poll_channel_cq(channel, self.queue.cq_ptr(), budget, out)?
         };
-        // Usually no QP is retired: then nothing is filtered.
+        self.after_poll(out, start, left, retired_before);
+        Ok(left)
+    }
+
+    /// A wake-up's first poll: as [`poll`](Self::poll), up to [`FIRST_POLL`]
+    /// completions onto the stack. [`FirstPolled::All`]
+    /// (the usual case): the CQ was emptied and no QP of it is retired, so every
+    /// completion in `first` is a live QP's and nothing is left. Otherwise the poll goes
+    /// on in [`poll_rest`](Self::poll_rest), which also drops those of retired QPs.
+    #[inline]
+    pub(crate) fn poll_first(&self, first: &mut FirstPoll) -> Result<FirstPolled> {
+        first.retired_before = self.retired.load(Ordering::Acquire);
+        // SAFETY: the channel and CQ are live while self is.
+        unsafe {
+            let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
+            poll_channel_cq(channel, self.queue.cq_ptr(), FIRST_POLL, first)?;
+        }
+        Ok(if first.n < FIRST_POLL && first.retired_before == 0 && !self.has_retired() {
+            FirstPolled::All
+        } else {
+            FirstPolled::Partly
+        })
+    }
+
+    /// After [`poll_first`](Self::poll_first) came back [`FirstPolled::Partly`]: its
+    /// completions onto the end of `out`, then (if it was full) up to `budget` less
+    /// those, as [`poll`](Self::poll) does without arming again. Returns whether
+    /// completions may be left.
+    pub(crate) fn poll_rest(&self, first: &FirstPoll, budget: usize, out: &mut Vec<WorkCompletion>) -> Result<bool> {
+        let start = out.len();
+        out.extend_from_slice(first.as_slice());
+        let left = if first.n < FIRST_POLL {
+            false
+        } else {
+            // SAFETY: the CQ is live while self is.
+            unsafe { poll_batches(self.queue.cq_ptr(), budget.saturating_sub(FIRST_POLL), out)? }
+        };
+        self.after_poll(out, start, left, first.retired_before);
+        Ok(left)
+    }
+
+    /// The completions of retired QPs dropped from `out[start..]` (usually none is
+    /// retired: then nothing is filtered), and the QPs retired before a poll that
+    /// emptied the CQ forgotten.
+    #[inline]
+    fn after_poll(&self, out: &mut Vec<WorkCompletion>, start: usize, left: bool, retired_before: usize) {
         if self.has_retired() {
             let b = self.budget();
             drop_retired(out, start, |qp| b.is_retired(qp));
@@ -340,7 +385,51 @@ impl SharedCq {
         if !left && retired_before > 0 {
             self.change_budget(|b| b.drained(retired_before));
         }
-        Ok(left)
+    }
+}
+
+/// Completions a wake-up takes onto the stack first: at one busy connection a wake-up
+/// finds one or two, and needs no list to hold them (docs/protocol.md §4.6).
+pub(crate) const FIRST_POLL: usize = 16;
+
+/// Whether a first poll took everything ([`SharedCq::poll_first`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FirstPolled {
+    All,
+    Partly,
+}
+
+/// The stack room of a wake-up's first poll.
+pub(crate) struct FirstPoll {
+    // (not zeroed: the device writes the entries it returns)
+    wcs: [std::mem::MaybeUninit<ibv_wc>; FIRST_POLL],
+    n: usize,
+    retired_before: usize,
+}
+
+impl FirstPoll {
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        FirstPoll { wcs: [const { std::mem::MaybeUninit::uninit() }; FIRST_POLL], n: 0, retired_before: 0 }
+    }
+
+    /// The completions taken, in arrival order.
+    #[inline(always)]
+    pub(crate) fn as_slice(&self) -> &[WorkCompletion] {
+        // SAFETY: the device wrote the first `n` entries (`filled`); a WorkCompletion is
+        // an ibv_wc.
+        unsafe { std::slice::from_raw_parts(self.wcs.as_ptr().cast::<WorkCompletion>(), self.n) }
+    }
+}
+
+impl PollSink for FirstPoll {
+    fn room(&mut self, want: usize) -> *mut ibv_wc {
+        debug_assert!(self.n + want <= FIRST_POLL);
+        self.wcs[self.n..].as_mut_ptr().cast::<ibv_wc>()
+    }
+    unsafe fn filled(&mut self, n: usize) -> Result<()> {
+        self.n += n;
+        Ok(())
     }
 }
 
@@ -431,14 +520,38 @@ pub(super) unsafe fn poll_channel_cq(
         // SAFETY: one ack for the one event just taken, before re-arming.
         unsafe { (l.ibv_ack_cq_events)(ev_cq, 1) };
     }
-    // SAFETY: the CQ is live. Arm before polling so nothing slips in between.
+    // SAFETY: per the contract.
+    unsafe {
+        arm(cq)?;
+        poll_batches(cq, budget, sink)
+    }
+}
+
+/// Arms `cq`: its channel signals the next completion. Before polling, so that nothing
+/// slips in between.
+///
+/// # Safety
+/// `cq` must be live.
+#[inline(always)]
+unsafe fn arm(cq: *mut ibv_cq) -> Result<()> {
+    // SAFETY: per the contract.
     if unsafe { ibv_req_notify_cq(cq, 0) } != 0 {
         return Err(VerbsError::last(VerbsOp::ReqNotifyCq));
     }
+    Ok(())
+}
+
+/// Polls up to `budget` completions of `cq` into `sink`, [`POLL_BATCH`] at a time;
+/// returns whether completions may be left (the budget ran out).
+///
+/// # Safety
+/// `cq` must be live.
+#[inline(always)]
+unsafe fn poll_batches(cq: *mut ibv_cq, budget: usize, sink: &mut impl PollSink) -> Result<bool> {
     let mut left = budget;
     while left > 0 {
         let want = left.min(POLL_BATCH);
-        // SAFETY: the sink's room holds `want` entries.
+        // SAFETY: the CQ is live (the contract); the sink's room holds `want` entries.
         let n = unsafe { ibv_poll_cq(cq, want as i32, sink.room(want)) };
         if n < 0 {
             return Err(VerbsError::with(VerbsOp::PollCq, libc::EIO));

@@ -119,6 +119,7 @@ impl Conn {
     ///
     /// Nothing runs before `ct->accept` or after close.
     pub fn begin_run(&mut self) {
+        self.runs = self.runs.wrapping_add(1);
         if matches!(self.state, State::Closed) || !self.accepted {
             self.run = None;
             return;
@@ -332,6 +333,117 @@ impl Conn {
 
     /// A handler outside a run is about to be called (the accept handler of
     /// `ct->accept`); pair it with [`handler_returned`](Self::handler_returned).
+    /// The usual run, decided without building it: an established connection with a
+    /// read handler, not postponed, no write barrier, and unread bytes. For it
+    /// [`begin_run`](Self::begin_run) and [`next_step`](Self::next_step) always decide
+    /// "call the read handler" (the read loop's first call); this decides the same in one
+    /// test. `Some`: call the read handler now, then
+    /// [`plain_read_returned`](Self::plain_read_returned); `None`: begin the run.
+    #[inline(always)]
+    pub fn plain_read_call(&mut self) -> Option<PlainRead> {
+        if !(matches!(self.state, State::Established)
+            && self.accepted
+            && self.read_handler
+            && !self.barrier
+            && !self.postponed.read()
+            && self.session.rx.has_unread())
+        {
+            return None;
+        }
+        #[cfg(test)]
+        {
+            let mut general = self.clone();
+            general.begin_run();
+            assert_eq!(
+                general.next_step(|| true),
+                Step::Call(Handler::Read),
+                "a plain read call the run would not make"
+            );
+        }
+        self.runs = self.runs.wrapping_add(1);
+        // (the run it stands for replaces any other, as `begin_run` does)
+        self.run = None;
+        self.depth += 1;
+        Some(PlainRead { before: self.bytes_read, runs: self.runs })
+    }
+
+    /// The read handler of [`plain_read_call`](Self::plain_read_call) returned.
+    /// `Err`: as [`handler_returned`](Self::handler_returned) (closed inside). `Ok(Some)`:
+    /// the run is over, as the read loop ends it (nothing unread, no write handler);
+    /// `Ok(None)`: the run goes on from here as the one begun would
+    /// ([`next_step`](Self::next_step)).
+    #[inline(always)]
+    pub fn plain_read_returned(&mut self, call: PlainRead) -> Result<Option<Step>, AfterHandler> {
+        // (in the tests, the run begun instead, from the same handler's return, must
+        // decide the same)
+        #[cfg(test)]
+        let general = {
+            let mut general = self.clone();
+            if general.runs == call.runs {
+                let mut run = general.run_after_plain_read(call.before);
+                (run.last_read_progressed, run.read_progressed) = (false, false);
+                run.calling = Some((Handler::Read, call.before));
+                general.run = Some(run);
+            }
+            let step = match general.handler_returned() {
+                AfterHandler::Continue => Ok(general.next_step(|| true)),
+                after => Err(after),
+            };
+            (step, general.run, general.depth)
+        };
+        let decided = self.plain_read_decided(call);
+        #[cfg(test)]
+        {
+            let mut mine = self.clone();
+            let step = match decided {
+                Ok(Some(step)) => Ok(step),
+                Ok(None) => Ok(mine.next_step(|| true)),
+                Err(after) => Err(after),
+            };
+            assert_eq!((step, mine.run, mine.depth), general, "a plain read run the general one would not make");
+        }
+        decided
+    }
+
+    #[inline(always)]
+    fn plain_read_decided(&mut self, call: PlainRead) -> Result<Option<Step>, AfterHandler> {
+        match self.handler_returned() {
+            AfterHandler::Continue => {}
+            after => return Err(after),
+        }
+        if self.runs != call.runs {
+            // A run nested in the handler replaced this one and ended: so does this.
+            return Ok(Some(Step::Done { pending: self.completions_left }));
+        }
+        if matches!(self.state, State::Established)
+            && self.read_handler
+            && !self.postponed.read()
+            && !self.write_handler
+            && !self.session.rx.has_unread()
+        {
+            return Ok(Some(Step::Done { pending: self.completions_left }));
+        }
+        self.run = Some(self.run_after_plain_read(call.before));
+        Ok(None)
+    }
+
+    /// The run [`begin_run`](Self::begin_run) would have begun for a plain read call,
+    /// as it stands once that call returned.
+    fn run_after_plain_read(&self, before: u64) -> Run {
+        let progressed = self.bytes_read != before;
+        Run {
+            plan: Plan::Live,
+            stages: [Some(Stage::ReadLoop), Some(Stage::WriteIfDue)],
+            reads_first: true,
+            at: 0,
+            read_calls: 1,
+            last_read_progressed: progressed,
+            read_progressed: progressed,
+            wrote: false,
+            calling: None,
+        }
+    }
+
     pub fn enter_handler(&mut self) {
         self.depth += 1;
     }

@@ -233,6 +233,16 @@ pub enum Step {
     Done { pending: bool },
 }
 
+/// A read handler called by [`Conn::plain_read_call`], for
+/// [`Conn::plain_read_returned`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainRead {
+    /// `bytes_read` before the call: whether it made progress.
+    pub(super) before: u64,
+    /// The runs begun before the call: whether one nested in it.
+    pub(super) runs: u32,
+}
+
 /// What the driver does after a handler returned (connhelpers.h `callHandler`,
 /// docs/server-abi.md §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
