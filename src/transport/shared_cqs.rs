@@ -391,8 +391,10 @@ enum Visited {
 fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visited, bool)> {
     let Shared { cqs, owners, left: lefts, routed, scratches, polls, .. } = s;
     let q = cqs.get(cq)?.as_ref()?;
+    // (the test knob makes the budget small, so that the suite reaches this path)
+    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut first = FirstPoll::new();
-    let polled = q.poll_first(&mut first);
+    let polled = q.poll_first(&mut first, budget);
     if let Ok(FirstPolled::All) = polled {
         let wcs = first.as_slice();
         if let Some(qp) = one_qp(wcs) {
@@ -403,8 +405,6 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
             return Some((Visited::One(Arc::clone(&o.conn)), false));
         }
     }
-    // (the test knob makes the budget small, so that the suite reaches this path)
-    let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut scratch = Scratch::take(scratches);
     let left = match polled.and_then(|_| q.poll_rest(&first, budget, &mut scratch.polled)) {
         Ok(left) => left,
