@@ -26,7 +26,7 @@ use super::{log_limited, HostedConn, RdmaConnection};
 use crate::server::api::FdWatch;
 use crate::verbs::{
     CmId, CompletionChannel, DeviceKey, Endpoint, EndpointConfig, FirstPoll, FirstPolled, QueueDepths, SharedCq,
-    VerbsError, WorkCompletion, MAX_SHARED_CQES,
+    VerbsError, WorkCompletion, FIRST_POLL, MAX_SHARED_CQES,
 };
 
 /// Completions taken from one CQ per wake-up.
@@ -394,8 +394,9 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
     // (the test knob makes the budget small, so that the suite reaches this path)
     let budget = knobs::value(Knob::CompletionBudget).map_or(COMPLETIONS_PER_SHARED_POLL, |n| n as usize);
     let mut first = FirstPoll::new();
-    let polled = q.poll_first(&mut first, budget);
-    if let Ok(FirstPolled::All) = polled {
+    // (a budget below the first poll's room is the test knob's: the poll is the budget's)
+    let polled = (budget >= FIRST_POLL).then(|| q.poll_first(&mut first));
+    if let Some(Ok(FirstPolled::All)) = polled {
         let wcs = first.as_slice();
         if let Some(qp) = one_qp(wcs) {
             polls.completions += wcs.len() as u64;
@@ -406,7 +407,11 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
         }
     }
     let mut scratch = Scratch::take(scratches);
-    let left = match polled.and_then(|_| q.poll_rest(&first, budget, &mut scratch.polled)) {
+    let polled = match polled {
+        Some(first_polled) => first_polled.and_then(|_| q.poll_rest(&first, budget, &mut scratch.polled)),
+        None => q.poll(budget, &mut scratch.polled),
+    };
+    let left = match polled {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.

@@ -34,7 +34,7 @@ pub use dynlib::{lib, Lib};
 pub use endpoint::{pinned_bytes, Completion, Endpoint, EndpointConfig, PreparedRx, QueueDepths, TX_CHUNK};
 pub use map_budget::{clients_for_maps, map_count_now, maps_for_clients, max_map_count, MAPS_PER_ENDPOINT};
 pub use resources::{CmEvent, CmId, ConnParams, EventChannel};
-pub(crate) use shared_cq::{FirstPoll, FirstPolled};
+pub(crate) use shared_cq::{FirstPoll, FirstPolled, FIRST_POLL};
 pub use shared_cq::{SharedCq, WorkCompletion, MAX_SHARED_CQES};
 pub use system::{device_count, fork_init, memlock_limit, physical_memory, wait_readable};
 

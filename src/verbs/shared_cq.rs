@@ -336,21 +336,20 @@ impl SharedCq {
         Ok(left)
     }
 
-    /// A wake-up's first poll: as [`poll`](Self::poll), onto the stack, up to `budget`
-    /// completions and at most [`FIRST_POLL`]. [`FirstPolled::All`] (the usual case):
-    /// the CQ was emptied and no QP of it is retired, so every completion in `first` is
-    /// a live QP's and none is left. Otherwise the poll goes on in
+    /// A wake-up's first poll: as [`poll`](Self::poll), up to [`FIRST_POLL`] completions
+    /// onto the stack (for a budget of at least that many). [`FirstPolled::All`] (the
+    /// usual case): the CQ was emptied and no QP of it is retired, so every completion in
+    /// `first` is a live QP's and none is left. Otherwise the poll goes on in
     /// [`poll_rest`](Self::poll_rest), which also drops those of retired QPs.
     #[inline]
-    pub(crate) fn poll_first(&self, first: &mut FirstPoll, budget: usize) -> Result<FirstPolled> {
-        first.want = budget.min(FIRST_POLL);
+    pub(crate) fn poll_first(&self, first: &mut FirstPoll) -> Result<FirstPolled> {
         first.retired_before = self.retired.load(Ordering::Acquire);
         // SAFETY: the channel and CQ are live while self is.
         unsafe {
             let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
-            poll_channel_cq(channel, self.queue.cq_ptr(), first.want, first)?;
+            poll_channel_cq(channel, self.queue.cq_ptr(), FIRST_POLL, first)?;
         }
-        Ok(if first.n < first.want && first.retired_before == 0 && !self.has_retired() {
+        Ok(if first.n < FIRST_POLL && first.retired_before == 0 && !self.has_retired() {
             FirstPolled::All
         } else {
             FirstPolled::Partly
@@ -358,17 +357,17 @@ impl SharedCq {
     }
 
     /// After [`poll_first`](Self::poll_first) came back [`FirstPolled::Partly`]: its
-    /// completions onto the end of `out`, then (if it took all it could) the rest of the
-    /// same `budget`, as [`poll`](Self::poll) does, without arming again. Returns
-    /// whether completions may be left.
+    /// completions onto the end of `out`, then (if it was full) the rest of the same
+    /// `budget`, as [`poll`](Self::poll) does, without arming again. Returns whether
+    /// completions may be left.
     pub(crate) fn poll_rest(&self, first: &FirstPoll, budget: usize, out: &mut Vec<WorkCompletion>) -> Result<bool> {
         let start = out.len();
         out.extend_from_slice(first.as_slice());
-        let left = if first.n < first.want {
+        let left = if first.n < FIRST_POLL {
             false
         } else {
             // SAFETY: the CQ is live while self is.
-            unsafe { poll_batches(self.queue.cq_ptr(), budget.saturating_sub(first.want), out)? }
+            unsafe { poll_batches(self.queue.cq_ptr(), budget.saturating_sub(FIRST_POLL), out)? }
         };
         self.after_poll(out, start, left, first.retired_before);
         Ok(left)
@@ -405,15 +404,13 @@ pub(crate) struct FirstPoll {
     // (not zeroed: the device writes the entries it returns)
     wcs: [std::mem::MaybeUninit<ibv_wc>; FIRST_POLL],
     n: usize,
-    /// The most the poll could take (the budget, up to [`FIRST_POLL`]).
-    want: usize,
     retired_before: usize,
 }
 
 impl FirstPoll {
     #[inline(always)]
     pub(crate) fn new() -> Self {
-        FirstPoll { wcs: [const { std::mem::MaybeUninit::uninit() }; FIRST_POLL], n: 0, want: 0, retired_before: 0 }
+        FirstPoll { wcs: [const { std::mem::MaybeUninit::uninit() }; FIRST_POLL], n: 0, retired_before: 0 }
     }
 
     /// The completions taken, in arrival order.
@@ -425,9 +422,11 @@ impl FirstPoll {
     }
 }
 
+/// Only for polls of at most [`FIRST_POLL`] in all ([`SharedCq::poll_first`]'s): the
+/// room is that many entries, not [`POLL_BATCH`].
 impl PollSink for FirstPoll {
     fn room(&mut self, want: usize) -> *mut ibv_wc {
-        assert!(self.n + want <= FIRST_POLL, "a first poll takes at most FIRST_POLL");
+        debug_assert!(self.n + want <= FIRST_POLL);
         self.wcs[self.n..].as_mut_ptr().cast::<ibv_wc>()
     }
     unsafe fn filled(&mut self, n: usize) -> Result<()> {
