@@ -406,12 +406,17 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
             return Some((Visited::One(Arc::clone(&o.conn)), false));
         }
     }
+    // Several QPs' completions that the first poll took all of are routed from the stack;
+    // the rest of a poll goes on into the scratch.
+    let all_first = matches!(polled, Some(Ok(FirstPolled::All)));
     let mut scratch = Scratch::take(scratches);
-    let polled = match polled {
-        Some(first_polled) => first_polled.and_then(|_| q.poll_rest(&first, budget, &mut scratch.polled)),
-        None => q.poll(budget, &mut scratch.polled),
-    };
+    let Scratch { polled: list, routes } = &mut *scratch;
     let left = match polled {
+        Some(Ok(FirstPolled::All)) => Ok(false),
+        Some(first_polled) => first_polled.and_then(|_| q.poll_rest(&first, budget, list)),
+        None => q.poll(budget, list),
+    };
+    let left = match left {
         Ok(left) => left,
         Err(e) => {
             // Not one connection's fault: the CQ is retried at the next event.
@@ -419,12 +424,12 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
             false
         }
     };
-    polls.completions += scratch.polled.len() as u64;
+    let wcs = if all_first { first.as_slice() } else { &list[..] };
+    polls.completions += wcs.len() as u64;
     polls.budget_hits += u64::from(left);
     set_left(lefts, cq, left);
     *routed = routed.checked_add(1).unwrap_or(1);
-    let Scratch { polled, routes } = &mut *scratch;
-    routes.route(&mut owners[cq], *routed, polled, Arc::clone, |c, wcs| d.completions(c, wcs));
+    routes.route(&mut owners[cq], *routed, wcs, Arc::clone, |c, wcs| d.completions(c, wcs));
     Some((Visited::Many(scratch), left))
 }
 
