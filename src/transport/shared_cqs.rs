@@ -398,10 +398,14 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
     let polled = (budget >= FIRST_POLL).then(|| q.poll_first(&mut first));
     if let Some(Ok(FirstPolled::All)) = polled {
         let wcs = first.as_slice();
-        if let Some(qp) = one_qp(wcs) {
+        let qps = qps_of(wcs);
+        if qps != Qps::Several {
             polls.completions += wcs.len() as u64;
             set_left(lefts, cq, false);
-            let Some(o) = qp.and_then(|qp| owners[cq].get_mut(qp)) else { return Some((Visited::Nobody, false)) };
+            // (no completion, or a QP without an owner: a closed connection's)
+            let Some(o) = qps.one().and_then(|qp| owners[cq].get_mut(qp)) else {
+                return Some((Visited::Nobody, false));
+            };
             d.completions(&o.conn, wcs);
             return Some((Visited::One(Arc::clone(&o.conn)), false));
         }
@@ -433,13 +437,32 @@ fn poll_routed(s: &mut Shared, cq: usize, d: &mut impl Delivery) -> Option<(Visi
     Some((Visited::Many(scratch), left))
 }
 
-/// `Some(None)`: no completion; `Some(Some(qp))`: all are QP `qp`'s; `None`: several
-/// QPs'.
+/// Whose completions a poll took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Qps {
+    None,
+    One(u32),
+    Several,
+}
+
+impl Qps {
+    fn one(self) -> Option<u32> {
+        match self {
+            Qps::One(qp) => Some(qp),
+            Qps::None | Qps::Several => None,
+        }
+    }
+}
+
 #[inline(always)]
-fn one_qp(wcs: &[WorkCompletion]) -> Option<Option<u32>> {
-    let Some(first) = wcs.first() else { return Some(None) };
+fn qps_of(wcs: &[WorkCompletion]) -> Qps {
+    let Some(first) = wcs.first() else { return Qps::None };
     let qp = first.qp_num();
-    wcs[1..].iter().all(|wc| wc.qp_num() == qp).then_some(Some(qp))
+    if wcs[1..].iter().all(|wc| wc.qp_num() == qp) {
+        Qps::One(qp)
+    } else {
+        Qps::Several
+    }
 }
 
 /// After the table's hold: the handlers of the connections that got completions (or
@@ -633,6 +656,21 @@ impl<T> Owner<T> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn a_poll_is_one_qps_only_when_every_completion_is_that_qps() {
+        let wc = |qp| WorkCompletion::received(qp, 0);
+        assert_eq!(qps_of(&[]), Qps::None);
+        assert_eq!(qps_of(&[wc(7)]), Qps::One(7));
+        assert_eq!(qps_of(&[wc(7), wc(7), wc(7)]), Qps::One(7));
+        // another QP's completion anywhere, first, between or last
+        for at in 0..3 {
+            let mut wcs = [wc(7), wc(7), wc(7)];
+            wcs[at] = wc(8);
+            assert_eq!(qps_of(&wcs), Qps::Several, "the other QP at {at}");
+        }
+        assert_eq!((Qps::One(7).one(), Qps::None.one(), Qps::Several.one()), (Some(7), None, None));
+    }
 
     fn owners(pairs: &[(u32, usize)]) -> OwnerMap<usize> {
         pairs.iter().map(|&(qp, key)| (qp, Owner::new(key))).collect()

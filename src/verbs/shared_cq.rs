@@ -328,10 +328,7 @@ impl SharedCq {
         let retired_before = self.retired.load(Ordering::Acquire);
         let start = out.len();
         // SAFETY: the channel and CQ are live while self is.
-        let left = unsafe {
-            let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
-            poll_channel_cq(channel, self.queue.cq_ptr(), budget, out)?
-        };
+        let left = unsafe { poll_channel_cq(self.own_channel_ptr(), self.queue.cq_ptr(), budget, out)? };
         self.after_poll(out, start, left, retired_before);
         Ok(left)
     }
@@ -345,15 +342,23 @@ impl SharedCq {
     pub(crate) fn poll_first(&self, first: &mut FirstPoll) -> Result<FirstPolled> {
         first.retired_before = self.retired.load(Ordering::Acquire);
         // SAFETY: the channel and CQ are live while self is.
-        unsafe {
-            let channel = if self.own_channel { self.queue.channel_ptr() } else { std::ptr::null_mut() };
-            poll_channel_cq(channel, self.queue.cq_ptr(), FIRST_POLL, first)?;
-        }
+        unsafe { poll_channel_cq(self.own_channel_ptr(), self.queue.cq_ptr(), FIRST_POLL, first)? };
         Ok(if first.n < FIRST_POLL && first.retired_before == 0 && !self.has_retired() {
             FirstPolled::All
         } else {
             FirstPolled::Partly
         })
+    }
+
+    /// The channel whose pending notification a poll consumes: this CQ's own, or null
+    /// for a shared channel (its owner takes the events).
+    #[inline(always)]
+    fn own_channel_ptr(&self) -> *mut ibv_comp_channel {
+        if self.own_channel {
+            self.queue.channel_ptr()
+        } else {
+            std::ptr::null_mut()
+        }
     }
 
     /// After [`poll_first`](Self::poll_first) came back [`FirstPolled::Partly`]: its
